@@ -1,0 +1,21 @@
+"""The OpGraph IR and its sources: JSON files, the PyTorch tracer, PipeDream profiles."""
+
+from tag.graph.io import SCHEMA_VERSION, graph_from_json, graph_to_json, load_graph, save_graph
+from tag.graph.opgraph import (
+    ROLE_BACKWARD,
+    ROLE_FORWARD,
+    ROLE_INPUT,
+    ROLE_OPTIMIZER,
+    ROLES,
+    SPLIT_CLASSES,
+    SPLIT_CONCAT,
+    SPLIT_NONE,
+    SPLIT_SUM,
+    OpGraph,
+)
+
+__all__ = [
+    "OpGraph", "ROLES", "SPLIT_CLASSES", "ROLE_INPUT", "ROLE_FORWARD", "ROLE_BACKWARD", "ROLE_OPTIMIZER",
+    "SPLIT_CONCAT", "SPLIT_SUM", "SPLIT_NONE", "SCHEMA_VERSION", "graph_to_json", "graph_from_json",
+    "save_graph", "load_graph",
+]

@@ -1,0 +1,164 @@
+"""OpGraph JSON(.gz) files: a versioned, column-wise schema, validated on load.
+
+Layout (schema_version 1)::
+
+    {"format": "tag.opgraph", "schema_version": 1, "batch_size": 96, "meta": {...},
+     "ops": {"name": [...], "kind": [...], "role": ["forward", ...], "flops": [...],
+             "bytes_accessed": [...], "output_bytes": [...], "param_bytes": [...],
+             "batch_scaled": [...], "split": ["concat", ...], "measured_time": [... or null],
+             "args": [...] (optional)},
+     "edges": {"src": [...], "dst": [...], "bytes": [...]}}
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from tag._atomic import atomic_write_bytes
+from tag.errors import GraphError, SchemaError
+from tag.graph.opgraph import ROLES, SPLIT_CLASSES, OpGraph
+
+__all__ = ["SCHEMA_VERSION", "graph_to_json", "graph_from_json", "save_graph", "load_graph"]
+
+SCHEMA_VERSION = 1
+_FORMAT = "tag.opgraph"
+_NUMBER_COLUMNS = ("flops", "bytes_accessed", "output_bytes", "param_bytes")
+
+
+def graph_to_json(graph: OpGraph) -> dict[str, Any]:
+    measured = [None if math.isnan(t) else float(t) for t in graph.measured_time]
+    ops: dict[str, Any] = {
+        "name": list(graph.names),
+        "kind": list(graph.kinds),
+        "role": [ROLES[r] for r in graph.role],
+        **{column: getattr(graph, column).tolist() for column in _NUMBER_COLUMNS},
+        "batch_scaled": graph.batch_scaled.tolist(),
+        "split": [SPLIT_CLASSES[s] for s in graph.split],
+        "measured_time": measured,
+    }
+    if graph.args is not None:
+        ops["args"] = graph.args
+    return {
+        "format": _FORMAT,
+        "schema_version": SCHEMA_VERSION,
+        "batch_size": graph.batch_size,
+        "meta": graph.meta,
+        "ops": ops,
+        "edges": {"src": graph.edge_src.tolist(), "dst": graph.edge_dst.tolist(), "bytes": graph.edge_bytes.tolist()},
+    }
+
+
+def _field(doc: dict, key: str, kind: type | tuple[type, ...], where: str) -> Any:
+    if not isinstance(doc, dict) or key not in doc:
+        raise SchemaError(f"{where}: missing field {key!r}")
+    value = doc[key]
+    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool and bool not in (kind if isinstance(kind, tuple) else (kind,)):
+        expected = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
+        raise SchemaError(f"{where}: field {key!r} must be {expected}, got {type(value).__name__}")
+    return value
+
+
+def _column(ops: dict, key: str, n: int, where: str, element: type | tuple[type, ...], *, nullable=False) -> list:
+    values = _field(ops, key, list, f"{where}.ops")
+    if len(values) != n:
+        raise SchemaError(f"{where}: ops.{key} has {len(values)} entries, expected {n} (one per op)")
+    for i, value in enumerate(values):
+        if value is None and nullable:
+            continue
+        if isinstance(value, bool) and element is not bool or not isinstance(value, element):
+            raise SchemaError(f"{where}: ops.{key}[{i}] must be {getattr(element, '__name__', 'a number')}, got {value!r}")
+    return values
+
+
+def _labels(values: list, vocabulary: tuple[str, ...], key: str, where: str) -> np.ndarray:
+    index = {label: i for i, label in enumerate(vocabulary)}
+    out = np.empty(len(values), dtype=np.int8)
+    for i, label in enumerate(values):
+        if label not in index:
+            raise SchemaError(f"{where}: ops.{key}[{i}] is {label!r}; expected one of {', '.join(vocabulary)}")
+        out[i] = index[label]
+    return out
+
+
+def graph_from_json(doc: Any, *, where: str = "graph") -> OpGraph:
+    """Validate a decoded JSON document and build the OpGraph; SchemaError/GraphError name the field."""
+    if not isinstance(doc, dict):
+        raise SchemaError(f"{where}: expected a JSON object at the top level")
+    if doc.get("format") != _FORMAT:
+        raise SchemaError(f"{where}: field 'format' must be {_FORMAT!r}, got {doc.get('format')!r}")
+    version = doc.get("schema_version")
+    if version != SCHEMA_VERSION:
+        raise SchemaError(f"{where}: unsupported schema_version {version!r} (this tag reads version {SCHEMA_VERSION})")
+    batch_size = _field(doc, "batch_size", int, where)
+    meta = doc.get("meta", {})
+    if not isinstance(meta, dict):
+        raise SchemaError(f"{where}: field 'meta' must be an object")
+    ops = _field(doc, "ops", dict, where)
+    names = _field(ops, "name", list, f"{where}.ops")
+    n = len(names)
+    _column(ops, "name", n, where, str)
+    kinds = _column(ops, "kind", n, where, str)
+    role = _labels(_column(ops, "role", n, where, str), ROLES, "role", where)
+    split = _labels(_column(ops, "split", n, where, str), SPLIT_CLASSES, "split", where)
+    numbers = {c: np.asarray(_column(ops, c, n, where, (int, float)), dtype=np.float64) for c in _NUMBER_COLUMNS}
+    batch_scaled = np.asarray(_column(ops, "batch_scaled", n, where, bool), dtype=bool)
+    measured = ops.get("measured_time")
+    if measured is None:
+        measured_time = np.full(n, np.nan)
+    else:
+        values = _column(ops, "measured_time", n, where, (int, float), nullable=True)
+        measured_time = np.asarray([np.nan if v is None else v for v in values], dtype=np.float64)
+    args = ops.get("args")
+    if args is not None and (not isinstance(args, list) or len(args) != n):
+        raise SchemaError(f"{where}: ops.args must be a list with one entry per op")
+    edges = _field(doc, "edges", dict, where)
+    columns = {}
+    for key, element in (("src", int), ("dst", int), ("bytes", (int, float))):
+        values = _field(edges, key, list, f"{where}.edges")
+        for i, value in enumerate(values):
+            if isinstance(value, bool) or not isinstance(value, element):
+                raise SchemaError(f"{where}: edges.{key}[{i}] must be a number, got {value!r}")
+        columns[key] = values
+    if not len(columns["src"]) == len(columns["dst"]) == len(columns["bytes"]):
+        raise SchemaError(f"{where}: edges.src, edges.dst and edges.bytes must have the same length")
+    try:
+        graph = OpGraph(
+            names=names, kinds=kinds, role=role, split=split, batch_scaled=batch_scaled,
+            edge_src=np.asarray(columns["src"], dtype=np.int64),
+            edge_dst=np.asarray(columns["dst"], dtype=np.int64),
+            edge_bytes=np.asarray(columns["bytes"], dtype=np.float64),
+            batch_size=batch_size, measured_time=measured_time, args=args, meta=meta, **numbers,
+        )
+        graph.topological_order()
+    except GraphError as error:
+        raise GraphError(f"{where}: {error}") from None
+    return graph
+
+
+def save_graph(graph: OpGraph, path: str | os.PathLike) -> None:
+    """Write JSON, gzipped when the name ends in .gz; atomically."""
+    data = json.dumps(graph_to_json(graph), separators=(",", ":")).encode("utf-8")
+    if str(path).endswith(".gz"):
+        data = gzip.compress(data, compresslevel=6, mtime=0)
+    atomic_write_bytes(path, data)
+
+
+def load_graph(path: str | os.PathLike) -> OpGraph:
+    path = Path(path)
+    if not path.is_file():
+        raise SchemaError(f"{path}: no such graph file")
+    raw = path.read_bytes()
+    try:
+        if raw[:2] == b"\x1f\x8b":
+            raw = gzip.decompress(raw)
+        doc = json.loads(raw)
+    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise SchemaError(f"{path}: not a valid JSON(.gz) graph file ({error})") from None
+    return graph_from_json(doc, where=str(path))
