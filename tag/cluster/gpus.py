@@ -71,6 +71,8 @@ _ALIASES = {
     "p100-16gb": "p100", "gtx1080ti": "1080ti", "1080-ti": "1080ti", "gtx-1080ti": "1080ti",
     "titanv": "titan-v", "titan_v": "titan-v", "a100": "a100-40gb", "a100-40": "a100-40gb",
     "a100-80": "a100-80gb", "h100-80gb": "h100", "h100-sxm": "h100",
+    "tesla-v100": "v100-16gb", "v100-sxm2-16gb": "v100-16gb", "tesla-p100": "p100", "p100-pcie": "p100",
+    "tesla-t4": "t4", "titan-v-12gb": "titan-v",
 }
 
 
