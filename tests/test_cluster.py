@@ -30,7 +30,7 @@ from tag.cluster import (
     uniform_dist,
     widest_paths,
 )
-from tag.errors import ClusterError, SchemaError, SpecError, TagError, UnitError
+from tag.errors import ClusterError, SchemaError, SpecError, TagError, UnitError, TagError
 from tag.units import parse_bandwidth, parse_bytes, parse_time
 
 DATA = Path(__file__).parent / "data" / "clusters"
@@ -213,7 +213,7 @@ def test_as_rng():
     rng = np.random.default_rng(0)
     assert as_rng(rng) is rng
     assert as_rng(4).integers(1000) == np.random.default_rng(4).integers(1000)
-    with pytest.raises(ClusterError):
+    with pytest.raises(TagError, match="seed must be"):
         as_rng(-1)
 
 

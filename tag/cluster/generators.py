@@ -12,6 +12,7 @@ import numpy as np
 from tag.cluster.build import INTRA_LATENCY_S, NETWORK_LATENCY_S, Machine, build_cluster
 from tag.cluster.cluster import Cluster
 from tag.cluster.gpus import gpu_type
+from tag._rng import as_rng
 from tag.errors import ClusterError
 
 __all__ = [
@@ -47,15 +48,6 @@ _TAG_MACHINES = (1, 6)
 _TAG_GPUS_PER_MACHINE = (1, 8)
 _TAG_INTRA_GBPS = (64.0, 160.0)
 _TAG_INTER_GBPS = (20.0, 50.0)
-
-
-def as_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
-    """The one way tag turns a seed into a ``numpy.random.Generator`` (a Generator passes through)."""
-    if isinstance(seed, np.random.Generator):
-        return seed
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise ClusterError(f"seed must be a non-negative integer, a numpy Generator or None, got {seed!r}")
-    return np.random.default_rng(seed)
 
 
 # --------------------------------------------------------------------------------------- mesh / torus
