@@ -30,7 +30,7 @@ from tag.cluster import (
     uniform_dist,
     widest_paths,
 )
-from tag.errors import ClusterError, SchemaError, SpecError, TagError, UnitError, TagError
+from tag.errors import ClusterError, SchemaError, SpecError, TagError, UnitError
 from tag.units import parse_bandwidth, parse_bytes, parse_time
 
 DATA = Path(__file__).parent / "data" / "clusters"
