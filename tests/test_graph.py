@@ -142,3 +142,21 @@ def test_load_rejects_garbage(tmp_path):
         load_graph(bad)
     with pytest.raises(SchemaError, match="no such graph file"):
         load_graph(tmp_path / "missing.json")
+
+
+def test_partial_sums_do_not_grow_with_the_batch():
+    # op0 (concat activation) -> op1 (weight gradient: sum) -> op2 (optimizer, not batch-scaled)
+    graph = make_graph([(0, 1), (1, 2)], split=[0, 1, 2], batch_scaled=[True, True, False], edge_bytes=[8.0, 100.0])
+    assert graph.edge_batch_scaled.tolist() == [True, False]
+    doubled = graph.with_batch_size(8)
+    assert doubled.edge_bytes.tolist() == [16.0, 100.0]
+    assert doubled.output_bytes.tolist() == [8.0, 4.0, 4.0]  # only the concat output grows
+    assert doubled.flops.tolist() == [20.0, 40.0, 30.0]  # compute of batch-scaled ops grows
+
+
+def test_explicit_edge_scaling_survives_json_and_contraction(tmp_path):
+    graph = make_graph([(0, 1), (1, 2)], edge_bytes=[8.0, 100.0])
+    graph.edge_batch_scaled[:] = [False, True]
+    save_graph(graph, tmp_path / "g.json")
+    assert load_graph(tmp_path / "g.json").edge_batch_scaled.tolist() == [False, True]
+    assert graph.contract([0, 0, 1]).edge_batch_scaled.tolist() == [True]

@@ -7,7 +7,7 @@ Layout (schema_version 1)::
              "bytes_accessed": [...], "output_bytes": [...], "param_bytes": [...],
              "batch_scaled": [...], "split": ["concat", ...], "measured_time": [... or null],
              "args": [...] (optional)},
-     "edges": {"src": [...], "dst": [...], "bytes": [...]}}
+     "edges": {"src": [...], "dst": [...], "bytes": [...], "batch_scaled": [...] (optional)}}
 """
 
 from __future__ import annotations
@@ -51,7 +51,8 @@ def graph_to_json(graph: OpGraph) -> dict[str, Any]:
         "batch_size": graph.batch_size,
         "meta": graph.meta,
         "ops": ops,
-        "edges": {"src": graph.edge_src.tolist(), "dst": graph.edge_dst.tolist(), "bytes": graph.edge_bytes.tolist()},
+        "edges": {"src": graph.edge_src.tolist(), "dst": graph.edge_dst.tolist(), "bytes": graph.edge_bytes.tolist(),
+                  "batch_scaled": graph.edge_batch_scaled.tolist()},
     }
 
 
@@ -128,12 +129,20 @@ def graph_from_json(doc: Any, *, where: str = "graph") -> OpGraph:
         columns[key] = values
     if not len(columns["src"]) == len(columns["dst"]) == len(columns["bytes"]):
         raise SchemaError(f"{where}: edges.src, edges.dst and edges.bytes must have the same length")
+    edge_scaled = edges.get("batch_scaled")  # optional: derived from the producers when absent
+    if edge_scaled is not None:
+        if not isinstance(edge_scaled, list) or len(edge_scaled) != len(columns["src"]):
+            raise SchemaError(f"{where}: edges.batch_scaled must be a list with one entry per edge")
+        bad = [i for i, v in enumerate(edge_scaled) if not isinstance(v, bool)]
+        if bad:
+            raise SchemaError(f"{where}: edges.batch_scaled[{bad[0]}] must be true or false")
     try:
         graph = OpGraph(
             names=names, kinds=kinds, role=role, split=split, batch_scaled=batch_scaled,
             edge_src=np.asarray(columns["src"], dtype=np.int64),
             edge_dst=np.asarray(columns["dst"], dtype=np.int64),
             edge_bytes=np.asarray(columns["bytes"], dtype=np.float64),
+            edge_batch_scaled=None if edge_scaled is None else np.asarray(edge_scaled, dtype=bool),
             batch_size=batch_size, measured_time=measured_time, args=args, meta=meta, **numbers,
         )
         graph.topological_order()

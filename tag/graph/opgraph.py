@@ -72,6 +72,9 @@ class OpGraph:
     measured_time: np.ndarray | None = None  # [N] float64 seconds or NaN
     args: list[Any] | None = None  # [N] JSON-able op call (aten target, arguments) for an executor
     meta: dict[str, Any] = field(default_factory=dict)
+    # [E] bool: the edge's bytes grow with the batch. Default: the producer is batch-scaled and its
+    # output is split by concatenation (a partial sum over the batch, e.g. a weight gradient, does not grow).
+    edge_batch_scaled: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -86,6 +89,11 @@ class OpGraph:
         self.edge_src = np.asarray(self.edge_src, dtype=np.int64).reshape(-1)
         self.edge_dst = np.asarray(self.edge_dst, dtype=np.int64).reshape(-1)
         self.edge_bytes = np.asarray(self.edge_bytes, dtype=np.float64).reshape(-1)
+        if self.edge_batch_scaled is None:
+            valid = (self.edge_src >= 0) & (self.edge_src < n)
+            src = np.where(valid, self.edge_src, 0)
+            self.edge_batch_scaled = valid & self.batch_scaled[src] & (self.split[src] == SPLIT_CONCAT) if n else np.zeros(0, bool)
+        self.edge_batch_scaled = np.asarray(self.edge_batch_scaled, dtype=bool).reshape(-1)
         self.validate()
         self.succ_ptr, self.succ, self.succ_edge = _csr(n, self.edge_src, self.edge_dst)
         self.pred_ptr, self.pred, self.pred_edge = _csr(n, self.edge_dst, self.edge_src)
@@ -120,8 +128,8 @@ class OpGraph:
         if (measured < 0).any() or not np.isfinite(measured).all():
             raise GraphError("measured_time must be non-negative")
         e = self.edge_src.shape[0]
-        if self.edge_dst.shape != (e,) or self.edge_bytes.shape != (e,):
-            raise GraphError("edge_src, edge_dst and edge_bytes must have the same length")
+        if self.edge_dst.shape != (e,) or self.edge_bytes.shape != (e,) or self.edge_batch_scaled.shape != (e,):
+            raise GraphError("edge_src, edge_dst, edge_bytes and edge_batch_scaled must have the same length")
         for end, column in (("source", self.edge_src), ("target", self.edge_dst)):
             bad = (column < 0) | (column >= n)
             if bad.any():
@@ -253,6 +261,7 @@ class OpGraph:
             edge_src=new_index[self.edge_src[edge_keep]],
             edge_dst=new_index[self.edge_dst[edge_keep]],
             edge_bytes=self.edge_bytes[edge_keep],
+            edge_batch_scaled=self.edge_batch_scaled[edge_keep],
             batch_size=self.batch_size,
             measured_time=self.measured_time[keep],
             args=None,
@@ -317,6 +326,9 @@ class OpGraph:
         pair = src[cross] * num_groups + dst[cross]
         unique_pairs, inverse = np.unique(pair, return_inverse=True)
         pair_bytes = np.bincount(inverse, weights=self.edge_bytes[cross], minlength=unique_pairs.size)
+        scaled_bytes = np.bincount(inverse, weights=self.edge_bytes[cross] * self.edge_batch_scaled[cross], minlength=unique_pairs.size)
+        # A merged edge carries tensors of both kinds; it is batch-scaled when most of its bytes are.
+        pair_scaled = scaled_bytes * 2 > pair_bytes
         group_names = list(names) if names is not None else [f"group{g}" for g in range(num_groups)]
         if len(group_names) != num_groups:
             raise GraphError(f"contract: {len(group_names)} names for {num_groups} groups")
@@ -333,6 +345,7 @@ class OpGraph:
             edge_src=unique_pairs // num_groups,
             edge_dst=unique_pairs % num_groups,
             edge_bytes=pair_bytes,
+            edge_batch_scaled=pair_scaled,
             batch_size=self.batch_size,
             measured_time=group_measured,
             meta={**self.meta, "contracted_from": self.num_ops},
@@ -360,7 +373,8 @@ class OpGraph:
                 measured_time=float(self.measured_time[i]),
             )
         for k in range(self.num_edges):
-            g.add_edge(int(self.edge_src[k]), int(self.edge_dst[k]), bytes=float(self.edge_bytes[k]))
+            g.add_edge(int(self.edge_src[k]), int(self.edge_dst[k]), bytes=float(self.edge_bytes[k]),
+                       batch_scaled=bool(self.edge_batch_scaled[k]))
         return g
 
     def with_batch_size(self, batch_size: int) -> OpGraph:
@@ -369,12 +383,13 @@ class OpGraph:
             raise GraphError(f"batch_size must be positive, got {batch_size}")
         ratio = batch_size / self.batch_size
         scale = np.where(self.batch_scaled, ratio, 1.0)
-        edge_scale = scale[self.edge_src]
+        output_scale = np.where(self.batch_scaled & (self.split == SPLIT_CONCAT), ratio, 1.0)
+        edge_scale = np.where(self.edge_batch_scaled, ratio, 1.0)
         graph = dataclasses.replace(
             self,
             flops=self.flops * scale,
             bytes_accessed=self.bytes_accessed * scale,
-            output_bytes=self.output_bytes * scale,
+            output_bytes=self.output_bytes * output_scale,
             edge_bytes=self.edge_bytes * edge_scale,
             measured_time=self.measured_time * scale,
             batch_size=batch_size,
