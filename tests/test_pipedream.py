@@ -1,0 +1,207 @@
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tag.errors import ProfileError
+from tag.graph import ROLE_BACKWARD, ROLE_FORWARD, ROLE_INPUT, ROLE_OPTIMIZER, SPLIT_CLASSES, graph_from_json, graph_to_json
+from tag.graph.pipedream import load_pipedream, parse_pipedream
+
+PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pipedream-profiles"
+MODELS = ("vgg16", "resnet50", "gnmt")
+BATCH = {"vgg16": 128, "resnet50": 128, "gnmt": 32}
+
+pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason="PipeDream profiles not found")
+
+
+@pytest.fixture(scope="module", params=MODELS)
+def profile(request):
+    path = PROFILES / f"{request.param}.graph.txt"
+    layers, edges = parse_pipedream(path)
+    return request.param, load_pipedream(path), layers, edges
+
+
+def _op(graph, name):
+    return graph.index(name)
+
+
+def test_loads_with_op_counts_by_role(profile):
+    name, graph, layers, _ = profile
+    inputs = [layer for layer in layers if layer.kind.startswith("Input") or layer.kind == "hidden"]
+    counts = graph.count_by_role()
+    assert counts["input"] == len(inputs)
+    assert counts["input"] + counts["forward"] == len(layers)
+    assert counts["backward"] == len(layers) - len(inputs)
+    assert counts["optimizer"] == sum(layer.param_bytes > 0 for layer in layers)
+    assert graph.is_dag()
+    assert graph.meta["model"] == name and graph.meta["source"] == "pipedream"
+    assert graph.batch_size == BATCH[name]
+
+
+def test_measured_times_are_seconds(profile):
+    _, graph, layers, _ = profile
+    for layer in layers:
+        if f"{layer.node}.forward" not in graph.names:
+            assert np.isnan(graph.measured_time[_op(graph, f"{layer.node}.input")])
+            continue
+        assert graph.measured_time[_op(graph, f"{layer.node}.forward")] == pytest.approx(layer.forward_time)
+        assert graph.measured_time[_op(graph, f"{layer.node}.backward")] == pytest.approx(layer.backward_time)
+    assert np.isnan(graph.measured_time[graph.role == ROLE_OPTIMIZER]).all()
+
+
+def test_measured_time_units_on_a_known_layer():
+    graph = load_pipedream(PROFILES / "vgg16.graph.txt")
+    op = graph.index("node4.forward")  # Conv2d(64, 64): forward_compute_time=46.201 ms
+    assert graph.measured_time[op] == pytest.approx(46.201e-3)
+    assert graph.measured_time[graph.index("node4.backward")] == pytest.approx(113.330e-3)
+    assert graph.meta["input_load_time"] == {"node1": pytest.approx(17.972e-3)}
+
+
+def test_parameters_sum_to_the_profile(profile):
+    _, graph, layers, _ = profile
+    assert graph.total_param_bytes() == pytest.approx(sum(layer.param_bytes for layer in layers))
+    assert (graph.param_bytes[graph.role != ROLE_FORWARD] == 0).all()  # the forward op owns the weights
+
+
+def test_backward_edges_mirror_forward_edges(profile):
+    _, graph, layers, edges = profile
+    by_node = {layer.node: layer for layer in layers}
+    pairs = {(graph.names[a], graph.names[b]): nbytes
+             for a, b, nbytes in zip(graph.edge_src, graph.edge_dst, graph.edge_bytes)}
+    for src, dst, _ in edges:
+        assert pairs[(f"{src}.forward" if f"{src}.forward" in graph.names else f"{src}.input", f"{dst}.forward")] \
+            == by_node[src].activation_bytes
+        if f"{src}.backward" in graph.names:
+            assert pairs[(f"{dst}.backward", f"{src}.backward")] == by_node[src].activation_bytes
+    for layer in layers:
+        if f"{layer.node}.backward" in graph.names:
+            assert (f"{layer.node}.forward", f"{layer.node}.backward") in pairs
+        if f"{layer.node}.optimizer" in graph.names:
+            assert pairs[(f"{layer.node}.backward", f"{layer.node}.optimizer")] == layer.param_bytes
+
+
+def test_split_classes_follow_the_rule(profile):
+    _, graph, _, _ = profile
+    split = np.array(SPLIT_CLASSES)[graph.split]
+    assert (split[graph.role == ROLE_FORWARD] == "concat").all()
+    assert (split[graph.role == ROLE_INPUT] == "concat").all()
+    assert (split[graph.role == ROLE_OPTIMIZER] == "none").all()
+    backward = graph.role == ROLE_BACKWARD
+    has_params = np.zeros(graph.num_ops, dtype=bool)
+    has_params[graph.edge_src[graph.role[graph.edge_dst] == ROLE_OPTIMIZER]] = True
+    assert (split[backward & has_params] == "sum").all()
+    assert (split[backward & ~has_params] == "concat").all()
+    assert not graph.batch_scaled[graph.role == ROLE_OPTIMIZER].any()
+
+
+def test_json_round_trip(profile):
+    _, graph, _, _ = profile
+    again = graph_from_json(graph_to_json(graph))
+    assert again.names == graph.names and again.meta == graph.meta
+    np.testing.assert_array_equal(again.flops, graph.flops)
+
+
+def test_flop_estimates_by_hand():
+    vgg = load_pipedream(PROFILES / "vgg16.graph.txt")
+    out = 1644167168 / 4  # Conv2d(64, 64, 3x3): elements of its output
+    assert vgg.flops[vgg.index("node4.forward")] == pytest.approx(2 * out * 64 * 9 + out)
+    assert vgg.flops[vgg.index("node4.backward")] == pytest.approx(2 * (2 * out * 64 * 9 + out))
+    linear_out = 512000 / 4  # Linear(4096, 1000)
+    assert vgg.flops[vgg.index("node41.forward")] == pytest.approx(linear_out * (2 * 4096 + 1))
+    assert vgg.flops[vgg.index("node34.forward")] == 0  # View
+    assert vgg.flops[vgg.index("node41.optimizer")] == pytest.approx(10 * 16388000 / 4)
+
+    gnmt = load_pipedream(PROFILES / "gnmt.graph.txt")
+    tokens = 6291456 / 4 / 1024  # LSTM(1024, 1024): 1536 tokens
+    per_token = 2 * 4 * 1024 * (1024 + 1024) + 10 * 4 * 1024
+    assert gnmt.flops[gnmt.index("node11.forward")] == pytest.approx(tokens * per_token)
+    # EmuBidirLSTM: only `bidir` (2 directions) runs; layer1/layer2 share its weights and are skipped.
+    glue = 4 * 12582912 / 4
+    assert gnmt.flops[gnmt.index("node5.forward")] == pytest.approx(tokens * 2 * per_token + glue)
+
+
+@pytest.mark.parametrize("batch_size", [7, 256])
+def test_batch_size_argument_overrides(batch_size):
+    graph = load_pipedream(PROFILES / "vgg16.graph.txt", batch_size=batch_size)
+    assert graph.batch_size == batch_size
+    assert graph.meta["batch_size_source"] == "given"
+
+
+# ------------------------------------------------------------------------------------------------ bad input
+
+GOOD_NODES = (
+    "node1 -- Input -- forward_compute_time=1.0, backward_compute_time=0.0, activation_size=602112.0, parameter_size=0.0\n"
+    "node2 -- Conv2d(3, 8, kernel_size=(3, 3), stride=(1, 1), padding=(1, 1)) -- forward_compute_time=2.0, "
+    "backward_compute_time=3.0, activation_size=1605632.0, parameter_size=896.0\n"
+    "node3 -- ReLU(inplace) -- forward_compute_time=0.5, backward_compute_time=0.5, activation_size=1605632.0, parameter_size=0.0\n"
+)
+
+
+def _write(tmp_path, text, name="toy.graph.txt"):
+    path = tmp_path / name
+    path.write_text(text)
+    return path
+
+
+def test_a_tiny_profile_loads(tmp_path):
+    graph = load_pipedream(_write(tmp_path, GOOD_NODES + "\tnode1 -- node2\n\tnode2 -- node3\n"))
+    assert graph.count_by_role() == {"input": 1, "forward": 2, "backward": 2, "optimizer": 1}
+    assert graph.batch_size == 1  # one 3x224x224 image
+    assert graph.meta["model"] == "toy"
+
+
+@pytest.mark.parametrize(
+    "text, line, message",
+    [
+        (GOOD_NODES + "node4 -- ReLU -- forward_compute_time=1.0\n", 4, "missing backward_compute_time"),
+        (GOOD_NODES + "node4 ReLU forward_compute_time=1.0\n", 4, "cannot parse node line"),
+        (GOOD_NODES + "\tnode1 -- node2\n\tnode2 -- node9\n", 5, "node 'node9', which no node line defines"),
+        (GOOD_NODES + "\tnode1 -- node2\n\tnode2 -- node3\n\tnode3 -- node2\n", 6, "cycle: node2 -> node3 -> node2"),
+        (GOOD_NODES + "\tnode2 -- node2\n", 4, "cycle: node2 -> node2"),
+        (GOOD_NODES.replace("forward_compute_time=2.0", "forward_compute_time=two"), 2,
+         "forward_compute_time: cannot parse 'two' as a number"),
+        (GOOD_NODES.replace("parameter_size=896.0", "parameter_size=-1"), 2, "parameter_size must be a finite non-negative"),
+        (GOOD_NODES + GOOD_NODES.splitlines()[2] + "\n", 4, "defined twice"),
+        (GOOD_NODES + "\tnode1 -- node2 -- node3\n", 4, "cannot parse edge line"),
+        ("", 1, "empty PipeDream profile"),
+        ("\n\n", 2, "empty PipeDream profile"),
+    ],
+)
+def test_malformed_profiles_name_file_and_line(tmp_path, text, line, message):
+    path = _write(tmp_path, text)
+    with pytest.raises(ProfileError) as info:
+        load_pipedream(path)
+    text = str(info.value)
+    assert text.startswith(f"{path}:{line}: ")
+    assert message in text
+    assert "\n" not in text
+
+
+def test_missing_file_is_a_profile_error(tmp_path):
+    with pytest.raises(ProfileError, match="cannot read"):
+        load_pipedream(tmp_path / "nope.graph.txt")
+
+
+def test_unknown_layer_is_costed_by_bytes_with_a_warning(tmp_path, caplog):
+    text = GOOD_NODES.replace("ReLU(inplace)", "Frobnicate(3)") + "\tnode1 -- node2\n\tnode2 -- node3\n"
+    with caplog.at_level(logging.WARNING, logger="tag.graph.pipedream"):
+        graph = load_pipedream(_write(tmp_path, text))
+    assert "Frobnicate" in caplog.text
+    op = graph.index("node3.forward")
+    assert graph.flops[op] == 0
+    assert graph.bytes_accessed[op] == pytest.approx(2 * 1605632.0)
+
+
+def test_an_unindented_edge_is_a_malformed_node_line(tmp_path):
+    path = _write(tmp_path, GOOD_NODES + "node1 -- node2\n")
+    with pytest.raises(ProfileError, match=r":4: cannot parse node line 'node1 -- node2'"):
+        load_pipedream(path)
+
+
+def test_weight_gradients_keep_their_size_at_another_batch():
+    graph = load_pipedream(PROFILES / "vgg16.graph.txt")
+    half = graph.with_batch_size(graph.batch_size // 2)
+    to_optimizer = graph.role[graph.edge_dst] == ROLE_OPTIMIZER
+    np.testing.assert_array_equal(half.edge_bytes[to_optimizer], graph.edge_bytes[to_optimizer])
+    np.testing.assert_allclose(half.edge_bytes[~to_optimizer], graph.edge_bytes[~to_optimizer] / 2)
