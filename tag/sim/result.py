@@ -1,0 +1,155 @@
+"""What a simulation returns: times, memory, feasibility and the runtime feedback of TAG Table 1.
+
+Both simulators (reference and fast) fill :class:`SimulationResult` from their start/finish times and
+peak memory; the feedback is a pure function of those (:func:`compute_feedback`), so the two paths agree
+on it whenever they agree on the schedule.
+
+Idle figures are fractions in [0, 1] (multiply by 100 for a percentage); with a makespan of 0 every
+resource counts as fully idle.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+
+from tag.sim.errors import OOMError
+from tag.sim.taskgraph import RES_NIC_IN, RES_NIC_OUT, TASK_COMPUTE, TaskGraph
+
+__all__ = ["SimulationResult", "Feedback", "compute_feedback", "make_result", "oom_error"]
+
+
+class Feedback(NamedTuple):
+    """Runtime feedback (TAG Table 1). G op groups, D devices, Gd device groups, M machines, L links, R
+    resources."""
+
+    group_makespan: np.ndarray  # [G] first start to last finish of the group's tasks; 0 for an empty group
+    group_output_idle: np.ndarray  # [G] mean wait from a compute task's finish to the start of a transfer or
+    #                                collective depending on it; 0 where the group sends nothing
+    device_idle: np.ndarray  # [D] 1 - busy compute time / makespan
+    comm_idle: np.ndarray  # [D] 1 - busy time of the device's comm channel (collectives) / makespan
+    device_group_peak_memory: np.ndarray  # [Gd] largest peak memory of a member device
+    device_group_idle: np.ndarray  # [Gd] mean device_idle of the members
+    resource_busy: np.ndarray  # [R] seconds each resource is held
+    resource_idle: np.ndarray  # [R] 1 - resource_busy / makespan
+    link_idle: np.ndarray  # [L] idle of each used link resource, in the order of TaskGraph.link_resources()
+    nic_out_idle: np.ndarray  # [M] 1.0 where the machine has no shared NIC or sends nothing off-machine
+    nic_in_idle: np.ndarray  # [M]
+    device_group_link_idle: np.ndarray  # [Gd, Gd] mean idle of the used links from group a to group b; 1.0
+    #                                     where no transfer goes from a to b
+
+
+class SimulationResult(NamedTuple):
+    """One simulated iteration. T tasks, D devices."""
+
+    iteration_time: float  # makespan, seconds
+    start: np.ndarray  # [T] seconds
+    finish: np.ndarray  # [T] seconds
+    peak_memory: np.ndarray  # [D] bytes: max over time of the live tensor bytes on each device
+    feasible: bool  # no device exceeds its memory
+    oom_device: int  # the device most over its capacity (largest peak / capacity), -1 if feasible
+    memory_capacity: np.ndarray  # [D] bytes
+    feedback: Feedback | None  # None when the caller asked for none
+
+
+def make_result(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray, peak_memory: np.ndarray, *,
+                feedback: bool, raise_on_oom: bool) -> SimulationResult:
+    """Fill a SimulationResult; raise OOMError first when asked to and a device overflows."""
+    capacity = taskgraph.cluster.memory_bytes()
+    over = peak_memory > capacity
+    oom_device = int(np.argmax(np.where(over, peak_memory / capacity, -np.inf))) if over.any() else -1
+    iteration_time = float(finish.max()) if len(finish) else 0.0
+    result = SimulationResult(
+        iteration_time=iteration_time,
+        start=start,
+        finish=finish,
+        peak_memory=peak_memory,
+        feasible=oom_device < 0,
+        oom_device=oom_device,
+        memory_capacity=capacity,
+        feedback=compute_feedback(taskgraph, start, finish, peak_memory) if feedback else None,
+    )
+    if raise_on_oom and oom_device >= 0:
+        raise oom_error(result, taskgraph)
+    return result
+
+
+def oom_error(result: SimulationResult, taskgraph: TaskGraph) -> OOMError:
+    """The OOMError for an infeasible result (its device, peak and capacity in human units)."""
+    device = result.oom_device
+    if device < 0:
+        raise ValueError("oom_error: the result is feasible")
+    cluster = taskgraph.cluster
+    detail = f"{cluster.gpu(device).name} on machine {int(cluster.machine[device])}"
+    return OOMError(device, result.peak_memory[device], result.memory_capacity[device], detail=detail)
+
+
+def _idle(busy: np.ndarray, makespan: float) -> np.ndarray:
+    if makespan <= 0:
+        return np.ones_like(busy)
+    return 1.0 - busy / makespan
+
+
+def compute_feedback(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray,
+                     peak_memory: np.ndarray) -> Feedback:
+    """Table 1 feedback from a schedule: start/finish [T], peak_memory [D]."""
+    tg = taskgraph
+    cluster = tg.cluster
+    d, g = cluster.num_devices, tg.num_groups
+    makespan = float(finish.max()) if len(finish) else 0.0
+
+    in_group = tg.group >= 0
+    first = np.full(g, np.inf)
+    last = np.full(g, -np.inf)
+    np.minimum.at(first, tg.group[in_group], start[in_group])
+    np.maximum.at(last, tg.group[in_group], finish[in_group])
+    group_makespan = np.where(np.isfinite(first), last - first, 0.0)
+
+    edge_task = np.repeat(np.arange(tg.num_tasks), np.diff(tg.dep_ptr))  # [E] the dependent task
+    edge_pred = tg.dep  # [E]
+    sends = (tg.kind[edge_pred] == TASK_COMPUTE) & (tg.kind[edge_task] != TASK_COMPUTE) & (tg.group[edge_pred] >= 0)
+    wait = start[edge_task[sends]] - finish[edge_pred[sends]]
+    sender_group = tg.group[edge_pred[sends]]
+    count = np.bincount(sender_group, minlength=g)
+    total = np.bincount(sender_group, weights=wait, minlength=g)
+    group_output_idle = np.divide(total, count, out=np.zeros(g), where=count > 0)
+
+    holds = np.diff(tg.res_ptr)  # [T]
+    resource_busy = np.bincount(tg.res, weights=np.repeat(tg.duration, holds), minlength=tg.num_resources)
+    resource_idle = _idle(resource_busy, makespan)
+    device_idle = resource_idle[:d]
+    comm_idle = resource_idle[d:2 * d]
+    kinds = tg.resource_kind
+    nic_out_idle = resource_idle[kinds == RES_NIC_OUT]
+    nic_in_idle = resource_idle[kinds == RES_NIC_IN]
+
+    links = tg.link_resources()
+    device_group = cluster.device_group
+    num_device_groups = cluster.num_device_groups
+    pair_src = device_group[tg.resource_a[links]]
+    pair_dst = device_group[tg.resource_b[links]]
+    pair_count = np.zeros((num_device_groups, num_device_groups))
+    pair_idle = np.zeros((num_device_groups, num_device_groups))
+    np.add.at(pair_count, (pair_src, pair_dst), 1.0)
+    np.add.at(pair_idle, (pair_src, pair_dst), resource_idle[links])
+    device_group_link_idle = np.divide(pair_idle, pair_count, out=np.ones_like(pair_idle), where=pair_count > 0)
+
+    group_peak = np.zeros(num_device_groups)
+    np.maximum.at(group_peak, device_group, peak_memory)
+    members = np.bincount(device_group, minlength=num_device_groups)
+    device_group_idle = np.bincount(device_group, weights=device_idle, minlength=num_device_groups) / members
+    return Feedback(
+        group_makespan=group_makespan,
+        group_output_idle=group_output_idle,
+        device_idle=device_idle,
+        comm_idle=comm_idle,
+        device_group_peak_memory=group_peak,
+        device_group_idle=device_group_idle,
+        resource_busy=resource_busy,
+        resource_idle=resource_idle,
+        link_idle=resource_idle[links],
+        nic_out_idle=nic_out_idle,
+        nic_in_idle=nic_in_idle,
+        device_group_link_idle=device_group_link_idle,
+    )

@@ -1,0 +1,358 @@
+"""tag.sim: hand-computed schedules, memory and feedback; traces; validation; fast path == reference."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tag.cluster import Cluster, tag_random
+from tag.errors import GraphError, TagError
+from tag.sim import (
+    NO_GROUP,
+    RES_LINK,
+    RES_NIC_IN,
+    RES_NIC_OUT,
+    OOMError,
+    TaskGraphBuilder,
+    TaskGraphError,
+    device_schedule,
+    format_schedule,
+    gantt,
+    random_taskgraph,
+    simulate,
+    simulate_fast,
+    to_chrome_trace,
+)
+
+GB = 1e9
+GiB = 2**30
+SIMULATORS = [simulate, simulate_fast]
+
+
+def make_cluster(machine, *, bandwidth=10 * GB, inter_bandwidth=None, latency=0.0, nic=None, gpu="v100-32gb"):
+    """Devices on the given machines; ``bandwidth`` within a machine, ``inter_bandwidth`` between."""
+    machine = np.asarray(machine)
+    same = machine[:, None] == machine[None, :]
+    table = np.where(same, bandwidth, inter_bandwidth if inter_bandwidth is not None else bandwidth)
+    return Cluster(name="test", types=(gpu,), device_type=np.zeros(len(machine), int), machine=machine,
+                   bandwidth=table.astype(float), latency=np.full(table.shape, float(latency)), nic_bandwidth=nic)
+
+
+@pytest.fixture(params=SIMULATORS, ids=["reference", "fast"])
+def sim(request):
+    return request.param
+
+
+# ------------------------------------------------------------------------------------------- schedules
+
+
+def test_two_ops_over_one_link(sim):
+    builder = TaskGraphBuilder(make_cluster([0, 0], latency=5e-6))
+    a = builder.compute(0, 1.0, name="a")
+    t = builder.transfer(0, 1, 1 * GB, deps=[a], name="t")
+    b = builder.compute(1, 2.0, deps=[t], name="b")
+    result = sim(builder.build())
+    assert result.iteration_time == pytest.approx(3.100005, rel=1e-12)
+    assert result.start[t] == 1.0 and result.finish[t] == pytest.approx(1.100005)
+    assert result.start[b] == pytest.approx(1.100005)
+
+
+def test_ring_allreduce_waits_for_every_member(sim):
+    n, size, beta = 4, 1 * GB, 10 * GB
+    duration = 2 * (n - 1) / n * size / beta  # 0.15 s
+    builder = TaskGraphBuilder(make_cluster([0] * n, bandwidth=beta))
+    grads = [builder.compute(d, float(d + 1), name=f"grad{d}") for d in range(n)]  # last one ready at 4 s
+    allreduce = builder.collective(range(n), duration, nbytes=size, deps=grads, name="allreduce")
+    result = sim(builder.build())
+    assert result.start[allreduce] == 4.0
+    assert result.finish[allreduce] == pytest.approx(4.15)
+
+
+def test_collective_waits_for_busy_comm_channel_but_not_compute(sim):
+    builder = TaskGraphBuilder(make_cluster([0] * 4))
+    earlier = builder.collective([2, 3], 5.0, op="broadcast", name="earlier")  # holds channels 2, 3 over [0, 5]
+    ready = builder.compute(0, 1.0, name="ready")
+    allreduce = builder.collective(range(4), 0.5, deps=[ready], name="allreduce")
+    overlap = builder.compute(0, 3.0, deps=[ready], name="overlap")  # same device, during the all-reduce
+    result = sim(builder.build())
+    assert result.start[allreduce] == 5.0 and result.finish[allreduce] == 5.5
+    assert result.start[overlap] == 1.0 and result.finish[overlap] == 4.0
+    assert result.finish[earlier] == 5.0
+
+
+@pytest.mark.parametrize("latency", [0.0, 1e-5])
+def test_transfers_share_a_nic(sim, latency):
+    # Machine 0 = devices 0, 1; machine 1 = devices 2, 3; NIC 1 GB/s, pair bandwidth 10 GB/s.
+    cluster = make_cluster([0, 0, 1, 1], bandwidth=10 * GB, latency=latency, nic=[1 * GB, 1 * GB])
+    builder = TaskGraphBuilder(cluster)
+    first = builder.transfer(0, 2, 1 * GB)
+    second = builder.transfer(1, 3, 1 * GB)
+    tg = builder.build()
+    kinds = sorted(tg.resource_kind[tg.resources(first)].tolist())
+    assert kinds == [RES_NIC_OUT, RES_NIC_IN, RES_LINK]
+    result = sim(tg)
+    assert result.finish[first] == pytest.approx(1.0 + latency)  # the NIC, not the pair, sets the speed
+    assert result.finish[second] == pytest.approx(2.0 + 2 * latency)  # FIFO: the last of k at k·S/β
+
+
+def test_transfers_without_shared_nic_run_in_parallel(sim):
+    cluster = make_cluster([0, 0, 1, 1], bandwidth=10 * GB, inter_bandwidth=1 * GB, latency=1e-5)
+    builder = TaskGraphBuilder(cluster)  # nic_bandwidth defaults to inf: no shared NIC
+    transfers = [builder.transfer(0, 2, 1 * GB), builder.transfer(1, 3, 1 * GB)]
+    tg = builder.build()
+    assert len(tg.resources(transfers[0])) == 1
+    result = sim(tg)
+    np.testing.assert_allclose(result.finish[transfers], [1.0 + 1e-5] * 2)
+
+
+def test_transfers_on_one_link_serialise(sim):
+    builder = TaskGraphBuilder(make_cluster([0, 0], bandwidth=1 * GB))
+    transfers = [builder.transfer(0, 1, 1 * GB) for _ in range(3)]
+    back = builder.transfer(1, 0, 1 * GB)  # the other direction is its own link
+    result = sim(builder.build())
+    np.testing.assert_allclose(result.finish[transfers], [1.0, 2.0, 3.0])
+    assert result.finish[back] == 1.0
+
+
+def test_zero_byte_transfer_costs_nothing(sim):
+    builder = TaskGraphBuilder(make_cluster([0, 1], latency=1e-3))
+    a = builder.compute(0, 1.0)
+    t = builder.transfer(0, 1, 0.0, deps=[a])
+    assert sim(builder.build()).finish[t] == 1.0
+
+
+@pytest.mark.parametrize("devices, finishes", [([0, 0, 0], [1.0, 2.0, 3.0]), ([0, 1, 0], [1.0, 1.0, 2.0])])
+def test_per_device_fifo(sim, devices, finishes):
+    builder = TaskGraphBuilder(make_cluster([0, 0]))
+    tasks = [builder.compute(d, 1.0) for d in devices]
+    result = sim(builder.build())
+    np.testing.assert_allclose(result.finish[tasks], finishes)
+
+
+def test_fifo_by_ready_time_then_id(sim):
+    builder = TaskGraphBuilder(make_cluster([0, 0]))
+    late = builder.compute(0, 1.0, name="late", label="L")  # id 0, ready at 0.5
+    early = builder.compute(0, 1.0, name="early", label="E")  # id 1, ready at 0
+    tie = builder.compute(0, 1.0, name="tie", label="T")  # id 2, ready at 0
+    gate = builder.compute(1, 0.5, name="gate")
+    builder.add_deps(late, [gate])
+    tg = builder.build()
+    result = sim(tg)
+    assert [repr(e) for e in device_schedule(result, tg, 0)] == ["E@0", "T@1", "L@2"]
+
+
+def test_text_grid():
+    builder = TaskGraphBuilder(make_cluster([0, 0]))
+    a = builder.compute(0, 2.0, label="A")
+    builder.compute(1, 1.0, deps=[a], label="B")
+    builder.collective([0, 1], 1.0, deps=[a], label="R")
+    tg = builder.build()
+    grid = format_schedule(simulate(tg), tg, columns=3)
+    assert grid.splitlines()[1:] == ["d0  cmp |AA.|", "d0  com |..R|", "d1  cmp |..B|", "d1  com |..R|"]
+
+
+# ------------------------------------------------------------------------------------------- memory
+
+
+def test_peak_memory_of_a_chain(sim):
+    builder = TaskGraphBuilder(make_cluster([0, 0]))
+    a = builder.compute(0, 1.0, name="a")
+    b = builder.compute(0, 1.0, deps=[a], name="b")
+    c = builder.compute(0, 1.0, deps=[b], name="c")
+    builder.tensor(0, 1, producer=a, consumers=[b])  # live [0, 2)
+    builder.tensor(0, 2, producer=b, consumers=[c])  # live [1, 3)
+    builder.tensor(0, 4, producer=c)  # no consumer: live [2, 3)
+    builder.tensor(0, 10, persistent=True)
+    builder.tensor(1, 7, persistent=True)
+    result = sim(builder.build())
+    # [0,1): 1; [1,2): 1+2; [2,3): 2+4 (the 1-byte tensor is freed at 2 before c allocates): peak 6 + 10.
+    np.testing.assert_array_equal(result.peak_memory, [16.0, 7.0])
+    assert result.feasible and result.oom_device == -1
+
+
+def test_input_tensor_lives_from_time_zero(sim):
+    builder = TaskGraphBuilder(make_cluster([0]))
+    a = builder.compute(0, 1.0)
+    b = builder.compute(0, 1.0, deps=[a])
+    builder.tensor(0, 5, consumers=[b])  # live [0, 2)
+    builder.tensor(0, 3, producer=b)  # live [1, 2)
+    assert sim(builder.build()).peak_memory[0] == 8.0
+
+
+def test_oom(sim):
+    builder = TaskGraphBuilder(make_cluster([0, 0]))  # 32 GiB each
+    a = builder.compute(1, 1.0)
+    builder.tensor(1, 40 * GiB, producer=a)
+    tg = builder.build()
+    result = sim(tg)
+    assert not result.feasible and result.oom_device == 1
+    assert result.peak_memory[1] == 40 * GiB and result.memory_capacity[1] == 32 * GiB
+    with pytest.raises(OOMError) as caught:
+        sim(tg, raise_on_oom=True)
+    message = str(caught.value)
+    assert "\n" not in message
+    assert "device 1" in message and "40.00 GiB" in message and "32.00 GiB" in message
+    assert isinstance(caught.value, TagError) and caught.value.device == 1
+
+
+# ------------------------------------------------------------------------------------------- feedback
+
+
+def test_feedback_by_hand(sim):
+    # Devices 0 and 1 on two machines (two device groups), 1 GB/s between them, no shared NIC.
+    builder = TaskGraphBuilder(make_cluster([0, 1], inter_bandwidth=1 * GB), num_groups=3)
+    builder.transfer(0, 1, 1.5 * GB, group=1, name="x")  # link 0->1 over [0, 1.5]
+    a = builder.compute(0, 1.0, group=0, name="a")  # [0, 1]
+    t = builder.transfer(0, 1, 1 * GB, deps=[a], group=0, name="t")  # waits for the link: [1.5, 2.5]
+    builder.compute(1, 2.0, deps=[t], group=1, name="b")  # [2.5, 4.5]
+    result = sim(builder.build())
+    assert result.iteration_time == 4.5
+    fb = result.feedback
+    np.testing.assert_allclose(fb.group_makespan, [2.5, 4.5, 0.0])
+    np.testing.assert_allclose(fb.group_output_idle, [0.5, 0.0, 0.0])
+    np.testing.assert_allclose(fb.device_idle, [1 - 1 / 4.5, 1 - 2 / 4.5])
+    np.testing.assert_allclose(fb.comm_idle, [1.0, 1.0])
+    np.testing.assert_allclose(fb.link_idle, [1 - 2.5 / 4.5])
+    np.testing.assert_allclose(fb.device_group_link_idle, [[1.0, 1 - 2.5 / 4.5], [1.0, 1.0]])
+    np.testing.assert_allclose(fb.device_group_idle, fb.device_idle)
+
+
+def test_no_feedback_when_not_asked(sim):
+    builder = TaskGraphBuilder(make_cluster([0]))
+    builder.compute(0, 1.0)
+    assert sim(builder.build(), feedback=False).feedback is None
+
+
+def test_empty_graph(sim):
+    builder = TaskGraphBuilder(make_cluster([0, 0]))
+    builder.tensor(0, 3, persistent=True)
+    result = sim(builder.build())
+    assert result.iteration_time == 0.0
+    np.testing.assert_array_equal(result.peak_memory, [3.0, 0.0])
+    np.testing.assert_array_equal(result.feedback.device_idle, [1.0, 1.0])
+
+
+# ------------------------------------------------------------------------------------------- exports
+
+
+def _small_graph():
+    cluster = make_cluster([0, 0, 1], nic=[1 * GB, 1 * GB])
+    builder = TaskGraphBuilder(cluster)
+    a = builder.compute(0, 1e-3, label="0F0", group=0)
+    t = builder.transfer(0, 2, 1e6, deps=[a], label="send")
+    b = builder.compute(2, 2e-3, deps=[t], label="1F0", group=1)
+    builder.collective([0, 1, 2], 1e-3, deps=[b], label="ar")
+    return builder.build()
+
+
+def test_chrome_trace(tmp_path):
+    tg = _small_graph()
+    result = simulate(tg)
+    path = tmp_path / "trace.json"
+    to_chrome_trace(result, tg, path)
+    document = json.loads(path.read_text())
+    complete = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    main = [e for e in complete if e["cat"] in ("compute", "transfer", "collective")]
+    assert sorted(e["args"]["task"] for e in main) == list(range(tg.num_tasks))
+    assert {e["name"] for e in main} == {"0F0", "send", "1F0", "ar"}
+    occupancy = [e for e in complete if e["cat"].endswith(".occupancy")]
+    assert len(occupancy) == 2 + 2  # the transfer's two NICs, the collective's two other members
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_gantt_png(tmp_path):
+    tg = _small_graph()
+    path = tmp_path / "gantt.png"
+    gantt(simulate(tg), tg, path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------------------- validation
+
+
+def test_cycle_names_the_tasks():
+    builder = TaskGraphBuilder(make_cluster([0]))
+    a = builder.compute(0, 1.0, name="a")
+    b = builder.compute(0, 1.0, deps=[a], name="b")
+    c = builder.compute(0, 1.0, deps=[b], name="c")
+    builder.compute(0, 1.0, name="free")
+    builder.add_deps(a, [c])
+    with pytest.raises(TaskGraphError, match=r"cycle: (a -> b -> c -> a|b -> c -> a -> b|c -> a -> b -> c)"):
+        builder.build()
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda b: b.compute(0, -1.0, name="neg"), r"'neg': duration must be finite and non-negative"),
+    (lambda b: b.compute(0, float("nan")), "duration"),
+    (lambda b: b.compute(5, 1.0, name="far"), r"'far': unknown device 5"),
+    (lambda b: b.transfer(0, 0, 1.0, name="self"), "from device 0 to itself"),
+    (lambda b: b.transfer(0, 1, -1.0), "bytes must be finite and non-negative"),
+    (lambda b: b.collective([0, 0], 1.0), "listed twice"),
+    (lambda b: b.collective([0, 1], 1.0, op="reduce"), "unknown collective"),
+    (lambda b: b.compute(0, 1.0, deps=[7]), "no task 7"),
+    (lambda b: b.tensor(0, 1.0, producer=b.compute(1, 1.0)), "lives on device 0 but its producer"),
+    (lambda b: b.tensor(0, -4.0, persistent=True), "bytes must be finite"),
+    (lambda b: b.tensor(0, 4.0, producer=b.compute(0, 1.0), persistent=True), "takes no producer"),
+])
+def test_validation(make, match):
+    builder = TaskGraphBuilder(make_cluster([0, 0]))
+    with pytest.raises(TaskGraphError, match=match):
+        make(builder)
+
+
+def test_duplicate_names_and_orphan_tensors():
+    builder = TaskGraphBuilder(make_cluster([0]))
+    builder.compute(0, 1.0, name="x")
+    with pytest.raises(TaskGraphError, match="'x' is used twice"):
+        builder.compute(0, 1.0, name="x")
+    builder.tensor(0, 1.0, name="orphan")
+    with pytest.raises(TaskGraphError, match="'orphan' has neither producer nor consumers"):
+        builder.build()
+
+
+def test_errors_are_graph_errors():
+    assert issubclass(TaskGraphError, GraphError) and issubclass(OOMError, TagError)
+
+
+# ------------------------------------------------------------------------------------------- fast == reference
+
+_RANDOM_CASES = [  # (tasks, machines, tie_fraction, p_transfer, p_collective)
+    (40, 1, 0.2, 0.25, 0.08),
+    (60, 2, 1.0, 0.35, 0.15),  # a third of the durations zero: many coinciding events
+    (80, 3, 0.5, 0.30, 0.10),
+    (50, None, 0.0, 0.25, 0.08),  # continuous durations, random machine count
+]
+
+
+@pytest.mark.parametrize("case", range(len(_RANDOM_CASES)))
+def test_fast_path_matches_reference(case):
+    num_tasks, machines, tie_fraction, p_transfer, p_collective = _RANDOM_CASES[case]
+    for seed in range(60):  # 4 x 60 = 240 random graphs
+        cluster = tag_random(seed=1000 * case + seed, machines=machines)
+        tg = random_taskgraph(cluster, num_tasks, seed=seed, tie_fraction=tie_fraction, p_transfer=p_transfer,
+                              p_collective=p_collective)
+        reference, fast = simulate(tg), simulate_fast(tg)
+        assert fast.iteration_time == pytest.approx(reference.iteration_time, rel=1e-9, abs=0)
+        np.testing.assert_array_equal(fast.start, reference.start)
+        np.testing.assert_array_equal(fast.finish, reference.finish)
+        np.testing.assert_allclose(fast.peak_memory, reference.peak_memory, rtol=1e-9)
+        assert fast.oom_device == reference.oom_device
+        for name, a, b in zip(reference.feedback._fields, reference.feedback, fast.feedback):
+            np.testing.assert_allclose(b, a, rtol=1e-9, err_msg=name)
+
+
+def test_random_graph_respects_dependencies_and_resources():
+    cluster = tag_random(seed=5, machines=3)
+    tg = random_taskgraph(cluster, 300, seed=5, tie_fraction=0.5)
+    result = simulate_fast(tg)
+    for task in range(tg.num_tasks):
+        for dep in tg.predecessors(task):
+            assert result.start[task] >= result.finish[dep]
+    holder = np.repeat(np.arange(tg.num_tasks), np.diff(tg.res_ptr))
+    for resource in np.unique(tg.res):
+        tasks = holder[tg.res == resource]
+        tasks = tasks[np.lexsort((result.finish[tasks], result.start[tasks]))]
+        assert (result.start[tasks][1:] >= result.finish[tasks][:-1]).all()  # one at a time
+    assert tg.group.min() >= NO_GROUP
