@@ -417,8 +417,8 @@ def test_failed_save_keeps_the_old_file(tmp_path, plan):
     with pytest.raises(TypeError):
         save_plan(bad, path)
     assert path.read_bytes() == before and os.listdir(tmp_path) == ["plan.json"]
-    with pytest.raises(TypeError, match="path comes first"):
-        save_plan(plan, path)
+    with pytest.raises(TypeError, match="expected a Plan first"):
+        save_plan(path, plan)
 
 
 def test_make_plan_checks_its_inputs(testbed, chain):
