@@ -14,8 +14,22 @@ from tag.graph.opgraph import (
     OpGraph,
 )
 
+_LAZY = {"trace": "tag.graph.tracer", "trace_zoo": "tag.graph.tracer", "load_user_function": "tag.graph.tracer",
+         "load_pipedream": "tag.graph.pipedream", "resolve_model": "tag.graph.resolve"}
+
 __all__ = [
     "OpGraph", "ROLES", "SPLIT_CLASSES", "ROLE_INPUT", "ROLE_FORWARD", "ROLE_BACKWARD", "ROLE_OPTIMIZER",
     "SPLIT_CONCAT", "SPLIT_SUM", "SPLIT_NONE", "SCHEMA_VERSION", "graph_to_json", "graph_from_json",
-    "save_graph", "load_graph",
+    "save_graph", "load_graph", *_LAZY,
 ]
+
+
+def __getattr__(name: str):
+    # The tracer imports torch; load it only when asked for.
+    if name not in _LAZY:
+        raise AttributeError(f"module 'tag.graph' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(_LAZY[name]), name)
+    globals()[name] = value
+    return value
