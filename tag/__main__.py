@@ -1,0 +1,5 @@
+import sys
+
+from tag.cli import main
+
+sys.exit(main())

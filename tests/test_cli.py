@@ -1,0 +1,131 @@
+"""The `tag` command: JSON contracts and one clear line for every bad input."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import make_graph
+from tag.cli import main
+from tag.graph import graph_to_json, save_graph
+
+PIPEDREAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "pipedream-profiles"
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv):
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)
+
+
+def _write(path: Path, text: str) -> str:
+    path.write_text(text)
+    return str(path)
+
+
+def _graph_file(tmp_path, name, mutate):
+    doc = graph_to_json(make_graph([(0, 1), (1, 2)]))
+    mutate(doc)
+    path = tmp_path / name
+    path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def bad_inputs(tmp_path):
+    """(argv, expected words in the message) for at least ten distinct kinds of bad input."""
+    good_spec = "machines:\n  - {gpu: v100-32gb, count: 2, bandwidth: 100GB/s}\n"
+    return {
+        "cyclic graph": (["show", _graph_file(tmp_path, "cyc.json", lambda d: d["edges"].update(src=[0, 1, 2], dst=[1, 2, 0], bytes=[4.0, 4.0, 4.0], batch_scaled=[True] * 3))], "cycle"),
+        "dangling edge": (["show", _graph_file(tmp_path, "dangle.json", lambda d: d["edges"].update(dst=[1, 9]))], "not an op"),
+        "negative bytes": (["show", _graph_file(tmp_path, "neg.json", lambda d: d["edges"].update(bytes=[4.0, -1.0]))], "non-negative"),
+        "wrong schema version": (["show", _graph_file(tmp_path, "v9.json", lambda d: d.update(schema_version=9))], "schema_version"),
+        "unknown GPU type": (["show", "resnet101", "--cluster", _write(tmp_path / "gpu.yaml", good_spec.replace("v100-32gb", "v200"))], "v200"),
+        "zero bandwidth": (["show", "resnet101", "--cluster", _write(tmp_path / "zero.yaml", good_spec.replace("100GB/s", "0GB/s"))], "bandwidth"),
+        "disconnected cluster": (["show", "resnet101", "--cluster", _write(tmp_path / "disc.yaml", good_spec + "  - {gpu: t4, count: 1}\n")], "disconnected"),
+        "unknown unit": (["show", "resnet101", "--cluster", _write(tmp_path / "unit.yaml", good_spec.replace("100GB/s", "100 Gbit"))], "Gbit"),
+        "malformed graph.txt": (["show", _write(tmp_path / "bad.graph.txt", "node1 -- Input0 -- forward_compute_time=oops\n")], "bad.graph.txt:1"),
+        "missing MODULE:FUNCTION": (["show", "no_such_module_xyz:build"], "no_such_module_xyz"),
+        "unknown zoo model": (["show", "resnet9000"], "unknown model"),
+        "unknown preset": (["show", "resnet101", "--cluster", "moon-base:4"], "moon-base"),
+        "bad preset argument": (["show", "resnet101", "--cluster", "mesh2d:8y8"], "8y8"),
+        "missing graph file": (["show", str(tmp_path / "nothing.json.gz")], "no such graph file"),
+    }
+
+
+@pytest.mark.parametrize("case", [
+    "cyclic graph", "dangling edge", "negative bytes", "wrong schema version", "unknown GPU type", "zero bandwidth",
+    "disconnected cluster", "unknown unit", "malformed graph.txt", "missing MODULE:FUNCTION", "unknown zoo model",
+    "unknown preset", "bad preset argument", "missing graph file",
+])
+def test_bad_input_gives_one_line(capsys, tmp_path, case):
+    argv, expected = bad_inputs(tmp_path)[case]
+    code, out, err = run(capsys, *argv)
+    assert code == 2
+    assert out == ""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("tag: error: ")
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in err
+
+
+def test_trace_leaves_nothing_half_written(capsys, tmp_path):
+    out = tmp_path / "never.json.gz"
+    code, _, err = run(capsys, "trace", "no_such_module_xyz:build", "--out", str(out))
+    assert code == 2 and not out.exists() and not list(tmp_path.iterdir())
+
+
+def test_show_json_contract(capsys):
+    payload = run_json(capsys, "show", "bert-large", "--tiny", "--cluster", "tag-testbed")
+    assert isinstance(payload["parameters"], int) and payload["parameters"] > 0
+    assert set(payload["ops"]) >= {"forward", "backward", "optimizer"}
+    assert all(payload["ops"][role] > 0 for role in ("forward", "backward", "optimizer"))
+    assert payload["flops_per_iteration"] > 0 and payload["training_memory_bytes"] > 0
+    assert {row["gpu"] for row in payload["fits_on"]} == {"v100-32gb", "1080ti", "p100"}
+
+
+def test_show_graph_file_and_pipedream(capsys, tmp_path):
+    path = tmp_path / "g.json.gz"
+    save_graph(make_graph([(0, 1)], role=[0, 1]), path)
+    assert run_json(capsys, "show", str(path))["ops"]["forward"] == 1
+    payload = run_json(capsys, "show", str(PIPEDREAM / "vgg16.graph.txt"))
+    assert payload["ops"]["backward"] > 0 and payload["parameters"] > 100e6
+
+
+def test_clusters_json_lists_device_counts(capsys):
+    rows = run_json(capsys, "clusters")["clusters"]
+    devices = {row["name"]: row["devices"] for row in rows}
+    assert devices["tag-testbed"] == 16 and devices["tag-cloud"] == 32 and devices["dgx1x4"] == 32
+
+
+def test_models_json_lists_the_zoo(capsys):
+    names = {row["name"] for row in run_json(capsys, "models")["models"]}
+    assert {"inception-v3", "resnet101", "resnet152", "vgg19", "transformer", "bert-small", "bert-large", "bert-36",
+            "bert-48", "mmt", "dlrm", "candle-uno", "gpt2"} <= names
+
+
+def test_trace_user_function(capsys, tmp_path):
+    module = tmp_path / "mymodel.py"
+    module.write_text(
+        "import torch\n"
+        "def build():\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 2))\n"
+        "    return model, (torch.randn(4, 8),), lambda out: out.square().mean()\n"
+    )
+    out = tmp_path / "g.json.gz"
+    payload = run_json(capsys, "trace", f"{module}:build", "--out", str(out))
+    assert out.exists() and payload["parameters"] == 8 * 16 + 16 + 16 * 2 + 2
+
+
+def test_console_entry_point_runs():
+    result = subprocess.run([sys.executable, "-m", "tag", "clusters", "--json"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["clusters"]
