@@ -46,17 +46,15 @@ def resolve_model(text: str, *, batch_size: int | None = None, tiny: bool = Fals
         if not Path(text).is_file():
             raise ModelError(f"{text}: no such PipeDream profile")
         graph = load_pipedream(text)
+    elif prebuilt_path(text, tiny=tiny).is_file():
+        graph = load_graph(prebuilt_path(text, tiny=tiny))  # no torch import needed
     else:
         from tag.models import MODELS
 
         if text in MODELS:
-            path = prebuilt_path(text, tiny=tiny)
-            if path.is_file():
-                graph = load_graph(path)
-            else:
-                from tag.graph.tracer import trace_zoo
+            from tag.graph.tracer import trace_zoo
 
-                graph = trace_zoo(text, tiny=tiny, batch_size=batch_size)
+            graph = trace_zoo(text, tiny=tiny, batch_size=batch_size)
         elif ":" in text:
             from tag.graph.tracer import load_user_function, trace
 
