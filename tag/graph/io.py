@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tag._atomic import atomic_write_bytes
+from tag._schema import check_header
 from tag.errors import GraphError, SchemaError
 from tag.graph.opgraph import ROLES, SPLIT_CLASSES, OpGraph
 
@@ -90,13 +91,7 @@ def _labels(values: list, vocabulary: tuple[str, ...], key: str, where: str) -> 
 
 def graph_from_json(doc: Any, *, where: str = "graph") -> OpGraph:
     """Validate a decoded JSON document and build the OpGraph; SchemaError/GraphError name the field."""
-    if not isinstance(doc, dict):
-        raise SchemaError(f"{where}: expected a JSON object at the top level")
-    if doc.get("format") != _FORMAT:
-        raise SchemaError(f"{where}: field 'format' must be {_FORMAT!r}, got {doc.get('format')!r}")
-    version = doc.get("schema_version")
-    if version != SCHEMA_VERSION:
-        raise SchemaError(f"{where}: unsupported schema_version {version!r} (this tag reads version {SCHEMA_VERSION})")
+    check_header(doc, fmt=_FORMAT, version=SCHEMA_VERSION, where=where)
     batch_size = _field(doc, "batch_size", int, where)
     meta = doc.get("meta", {})
     if not isinstance(meta, dict):

@@ -37,6 +37,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from tag._schema import check_header
 from tag._atomic import atomic_write_text
 from tag.cluster import Cluster
 from tag.graph import OpGraph
@@ -194,13 +195,7 @@ def plan_to_json(plan: Plan) -> dict[str, Any]:
 
 def plan_from_json(doc: Any, *, where: str = "plan") -> Plan:
     """Validate a decoded plan document; PlanError names the first bad field."""
-    if not isinstance(doc, dict):
-        raise PlanError(f"{where}: expected a JSON object at the top level")
-    if doc.get("format") != PLAN_FORMAT:
-        raise PlanError(f"{where}: field 'format' must be {PLAN_FORMAT!r}, got {doc.get('format')!r}")
-    version = doc.get("schema_version")
-    if version != PLAN_SCHEMA_VERSION:
-        raise PlanError(f"{where}: unsupported schema_version {version!r} (this tag reads version {PLAN_SCHEMA_VERSION})")
+    check_header(doc, fmt=PLAN_FORMAT, version=PLAN_SCHEMA_VERSION, where=where, error=PlanError)
     kind = _field(doc, "kind", str, where)
     if kind not in _KINDS:
         raise PlanError(f"{where}: field 'kind' is {kind!r}; expected one of {', '.join(_KINDS)}")
