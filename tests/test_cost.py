@@ -278,3 +278,10 @@ def test_measured_times_move_to_another_dtype_on_the_same_gpu():
     fp16 = CostModel(dtype="fp16")
     # compute-bound: the fp16 tensor-core peak is 125 / 15.7 times the fp32 one (launch overhead aside)
     assert fp16.op_times(graph, "v100-16gb")[0] == pytest.approx(0.1 * 15.7 / 125, rel=1e-3)
+
+
+def test_parameters_are_not_counted_as_activations():
+    # op0 is a parameter placeholder (input role, owns 100 bytes) read by the forward op1 and the backward op2.
+    graph = ops([0.0, 1.0, 1.0], [1.0] * 3, role=[0, 1, 2], params=[100.0, 0.0, 0.0], output=[100.0, 10.0, 100.0],
+                edges=[(0, 1), (0, 2), (1, 2)])
+    assert training_memory_breakdown(graph)["activations"] == 10.0

@@ -31,6 +31,10 @@ def _kept_for_backward(graph: OpGraph) -> np.ndarray:
     """[N] bool: forward or input ops whose output some backward op reads."""
     src_role = graph.role[graph.edge_src]
     feeds = ((src_role == ROLE_FORWARD) | (src_role == ROLE_INPUT)) & (graph.role[graph.edge_dst] == ROLE_BACKWARD)
+    # Parameters and optimizer state are inputs too, but they are counted as such, not as activations.
+    stateful = (graph.role == ROLE_INPUT) & (
+        (graph.param_bytes > 0) | np.array([k in ("parameter", "optimizer_state") for k in graph.kinds], dtype=bool))
+    feeds &= ~stateful[graph.edge_src]
     kept = np.zeros(graph.num_ops, dtype=bool)
     kept[graph.edge_src[feeds]] = True
     return kept

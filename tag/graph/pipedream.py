@@ -607,7 +607,7 @@ def _add_ops(table: _OpTable, layers: list[PipeDreamLayer], preds: list[list[int
         estimate = estimates[i] = _forward_estimate(layer, input_bytes)
         forward_op[i] = table.add(layer, "forward", layer.kind, ROLE_FORWARD, flops=estimate.flops,
                                   nbytes=estimate.bytes, output=layer.activation_bytes, params=layer.param_bytes,
-                                  scaled=True, split=SPLIT_CONCAT, measured=layer.forward_time)
+                                  scaled=True, split=SPLIT_CONCAT, measured=_measured(layer.forward_time, estimate.flops, estimate.bytes))
     for i in reversed(order):
         if is_input[i]:
             continue
@@ -617,7 +617,7 @@ def _add_ops(table: _OpTable, layers: list[PipeDreamLayer], preds: list[list[int
         backward_op[i] = table.add(layer, "backward", f"{layer.kind}.backward", ROLE_BACKWARD, flops=flops,
                                    nbytes=nbytes, output=input_gradients + layer.param_bytes, params=0.0, scaled=True,
                                    split=SPLIT_SUM if layer.param_bytes > 0 else SPLIT_CONCAT,
-                                   measured=layer.backward_time)
+                                   measured=_measured(layer.backward_time, flops, nbytes))
     for i in order:
         layer = layers[i]
         if not is_input[i] and layer.param_bytes > 0:
@@ -630,6 +630,17 @@ def _add_ops(table: _OpTable, layers: list[PipeDreamLayer], preds: list[list[int
     if unknown:
         log.warning("%s: layer kind(s) %s costed by bytes only", where, ", ".join(unknown))
     return forward_op, backward_op, optimizer_op
+
+
+def _measured(milliseconds_as_seconds: float, flops: float, nbytes: float) -> float:
+    """The measured time, or NaN where PipeDream did not time a layer that does work.
+
+    PipeDream reports 0 ms for functional layers it does not time (Add, Concat, some Dropouts); taking
+    that at face value would make them free on every GPU, so they keep the roofline estimate instead.
+    """
+    if milliseconds_as_seconds == 0.0 and (flops > 0 or nbytes > 0):
+        return math.nan
+    return milliseconds_as_seconds
 
 
 def _layer_order(layers: list[PipeDreamLayer], preds: list[list[int]]) -> list[int]:
