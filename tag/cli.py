@@ -9,10 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
+import os
 import sys
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
-from tag.errors import TagError
+from tag.errors import OutputError, TagError
 
 __all__ = ["main", "build_parser"]
 
@@ -25,8 +28,45 @@ def _console():
     return Console(highlight=False)
 
 
+def _finite(value: Any) -> Any:
+    """JSON has no NaN or infinity: write them as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
+
+
 def _print_json(payload: Any) -> None:
-    sys.stdout.write(json.dumps(payload, indent=None, separators=(", ", ": "), default=float) + "\n")
+    text = json.dumps(_finite(payload), separators=(", ", ": "), default=float, allow_nan=False)
+    sys.stdout.write(text + "\n")
+
+
+def _batch_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= 2**31:
+        raise argparse.ArgumentTypeError(f"must be in 1..2^31, got {value}")
+    return value
+
+
+def _output_path(text: str) -> Path:
+    """Checked before any long work: a graph file name whose folder exists or can be made."""
+    path = Path(text)
+    if not text or path.is_dir():
+        raise OutputError(f"--out {text!r}: expected a file name ending in .json or .json.gz")
+    if not text.lower().endswith((".json", ".json.gz")):
+        raise OutputError(f"--out {text!r}: the graph file name must end in .json or .json.gz")
+    for parent in path.parents:
+        if parent.exists():
+            if not parent.is_dir() or not os.access(parent, os.W_OK):
+                raise OutputError(f"--out {text!r}: cannot write into {str(parent)!r}")
+            break
+    return path
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -161,8 +201,12 @@ def cmd_trace(args: argparse.Namespace) -> dict:
     from tag.graph.io import save_graph
     from tag.graph.resolve import resolve_model
 
+    out = _output_path(args.out)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
-    save_graph(graph, args.out)
+    try:
+        save_graph(graph, out)
+    except OSError as error:
+        raise OutputError(f"--out {args.out!r}: {error.strerror or error}") from None
     payload = {"out": str(args.out), **_model_summary(graph)}
     if not args.json:
         roles = ", ".join(f"{n} {role}" for role, n in payload["ops"].items())
@@ -173,7 +217,7 @@ def cmd_trace(args: argparse.Namespace) -> dict:
 # ---------------------------------------------------------------------------------------------- parser
 def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="zoo name, graph .json(.gz), PipeDream graph.txt, or MODULE:FUNCTION")
-    parser.add_argument("--batch-size", type=int, default=None, help="global batch size (default: the model's)")
+    parser.add_argument("--batch-size", type=_batch_size, default=None, help="global batch size (default: the model's)")
     parser.add_argument("--tiny", action="store_true", help="the zoo model's tiny variant")
 
 

@@ -15,6 +15,7 @@ __all__ = [
     "UnitError",
     "ModelError",
     "ProfileError",
+    "OutputError",
 ]
 
 
@@ -48,3 +49,7 @@ class ModelError(TagError):
 
 class ProfileError(TagError):
     """A profile file (PipeDream graph.txt) is malformed."""
+
+
+class OutputError(TagError):
+    """An output file cannot be written where the user asked."""

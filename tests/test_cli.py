@@ -26,6 +26,16 @@ def run_json(capsys, *argv):
     return json.loads(out)
 
 
+def _mkdir(path: Path) -> Path:
+    path.mkdir()
+    return path
+
+
+def _write_bytes(path: Path, data: bytes) -> str:
+    path.write_bytes(data)
+    return str(path)
+
+
 def _write(path: Path, text: str) -> str:
     path.write_text(text)
     return str(path)
@@ -57,13 +67,21 @@ def bad_inputs(tmp_path):
         "unknown preset": (["show", "resnet101", "--cluster", "moon-base:4"], "moon-base"),
         "bad preset argument": (["show", "resnet101", "--cluster", "mesh2d:8y8"], "8y8"),
         "missing graph file": (["show", str(tmp_path / "nothing.json.gz")], "no such graph file"),
+        "directory as graph": (["show", str(_mkdir(tmp_path / "dir.json"))], "is a directory"),
+        "corrupt gzip": (["show", _write_bytes(tmp_path / "z.json.gz", b"\x1f\x8bgarbage")], "not a valid JSON"),
+        "meta not an object": (["show", _graph_file(tmp_path, "meta.json", lambda d: d.update(meta=[]))], "meta"),
+        "bad meta parameters": (["show", _graph_file(tmp_path, "p.json", lambda d: d["meta"].update(parameters="abc"))], "meta.parameters"),
+        "too many devices": (["show", "resnet101", "--cluster", "mesh2d:300x300"], "at most 4096"),
+        "zero-width layer": (["show", _write(tmp_path / "zero.graph.txt", "node1 -- Input0 -- forward_compute_time=0, backward_compute_time=0, activation_size=-4, parameter_size=0\n")], "zero.graph.txt:1"),
+        "out is a directory": (["trace", "resnet101", "--tiny", "--out", str(tmp_path)], "--out"),
     }
 
 
 @pytest.mark.parametrize("case", [
     "cyclic graph", "dangling edge", "negative bytes", "wrong schema version", "unknown GPU type", "zero bandwidth",
     "disconnected cluster", "unknown unit", "malformed graph.txt", "missing MODULE:FUNCTION", "unknown zoo model",
-    "unknown preset", "bad preset argument", "missing graph file",
+    "unknown preset", "bad preset argument", "missing graph file", "directory as graph", "corrupt gzip",
+    "meta not an object", "bad meta parameters", "too many devices", "zero-width layer", "out is a directory",
 ])
 def test_bad_input_gives_one_line(capsys, tmp_path, case):
     argv, expected = bad_inputs(tmp_path)[case]
@@ -129,3 +147,17 @@ def test_console_entry_point_runs():
     result = subprocess.run([sys.executable, "-m", "tag", "clusters", "--json"], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["clusters"]
+
+
+def test_json_output_has_no_nan_or_infinity(capsys, tmp_path):
+    path = tmp_path / "huge.json"
+    save_graph(make_graph([(0, 1)], flops=[1.7e308, 1.7e308]), path)
+    payload = run_json(capsys, "show", str(path))
+    assert payload["flops_per_iteration"] is None  # overflowed to infinity: written as null, not Infinity
+
+
+def test_batch_size_must_be_positive(capsys):
+    with pytest.raises(SystemExit) as stop:
+        main(["show", "resnet101", "--batch-size", "0"])
+    assert stop.value.code == 2
+    assert "1..2^31" in capsys.readouterr().err

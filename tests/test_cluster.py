@@ -424,3 +424,21 @@ def test_gpu_catalogue_unknown():
     with pytest.raises(ClusterError, match="unknown GPU type"):
         gpu_type("v200")
     assert grid_cluster((2, 2), gpu="A100").types[0].name == "a100-40gb"
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(peak_flops=(("fp16", 1e12),)), "must give fp32"),
+        (dict(memory_bytes=-1.0), "memory_bytes"),
+        (dict(memory_bandwidth=0.0), "memory_bandwidth"),
+        (dict(peak_flops=(("fp32", float("inf")),)), r"peak_flops\[fp32\]"),
+        (dict(peak_flops=(("fp32", 1e12), ("fp64", 1e12))), "unknown dtype"),
+    ],
+)
+def test_gpu_type_validation(kwargs, message):
+    from tag.cluster.gpus import GPUType
+
+    fields = dict(name="custom", memory_bytes=1e9, memory_bandwidth=1e11, peak_flops=(("fp32", 1e12),))
+    with pytest.raises(ClusterError, match=message):
+        GPUType(**{**fields, **kwargs})

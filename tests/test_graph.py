@@ -160,3 +160,13 @@ def test_explicit_edge_scaling_survives_json_and_contraction(tmp_path):
     save_graph(graph, tmp_path / "g.json")
     assert load_graph(tmp_path / "g.json").edge_batch_scaled.tolist() == [False, True]
     assert graph.contract([0, 0, 1]).edge_batch_scaled.tolist() == [True]
+
+
+def test_with_batch_size_drops_stale_executor_records():
+    graph = make_graph([(0, 1)])
+    graph.args = [{"target": "aten.test"}] * 2
+    rescaled = graph.with_batch_size(16)
+    assert rescaled.args is None
+    assert rescaled.meta["batch_size"] == 16 and rescaled.meta["rescaled_from_batch"] == 4
+    with pytest.raises(GraphError, match="batch_size"):
+        graph.with_batch_size(0)

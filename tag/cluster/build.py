@@ -46,6 +46,10 @@ class Link:
     latency: float | None = None
 
 
+# Bandwidth tables are D x D and routing is cubic in D: beyond this, a spec is almost surely a mistake.
+MAX_DEVICES = 4096
+
+
 def build_cluster(
     name: str,
     machines: Sequence[Machine],
@@ -76,6 +80,8 @@ def build_cluster(
             raise ClusterError(f"machine {m}: count must be a positive integer, got {spec.count!r}")
         device_type += [types.index(gpu)] * spec.count
         machine_of += [m] * spec.count
+        if len(device_type) > MAX_DEVICES:
+            raise ClusterError(f"cluster {name!r} has more than {MAX_DEVICES} devices; tag plans for at most {MAX_DEVICES}")
     machine = np.array(machine_of)
     num_devices = len(machine)
     same_machine = machine[:, None] == machine[None, :]

@@ -300,6 +300,9 @@ def widest_paths(bandwidth: np.ndarray, latency: np.ndarray, linked: np.ndarray)
     num_devices = len(bandwidth)
     eye = np.eye(num_devices, dtype=bool)
     linked = np.asarray(linked, dtype=bool) & ~eye
+    if (linked | eye).all():  # every pair has a direct link: nothing to route
+        full_bandwidth = np.where(eye, np.inf, bandwidth)
+        return full_bandwidth, np.where(eye, 0.0, latency)
     width = np.where(linked, bandwidth, 0.0)
     width[eye] = np.inf
     for k in range(num_devices):  # Floyd–Warshall in the (max, min) semiring

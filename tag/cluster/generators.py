@@ -9,7 +9,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tag.cluster.build import INTRA_LATENCY_S, NETWORK_LATENCY_S, Machine, build_cluster
+from tag.cluster.build import MAX_DEVICES, INTRA_LATENCY_S, NETWORK_LATENCY_S, Machine, build_cluster
 from tag.cluster.cluster import Cluster
 from tag.cluster.gpus import gpu_type
 from tag._rng import as_rng
@@ -72,6 +72,7 @@ def grid_cluster(shape: Sequence[int], *, torus: bool = False, gpu: str = "v100-
     shape = tuple(int(s) for s in shape)
     if not shape or any(s < 1 for s in shape):
         raise ClusterError(f"grid shape must be positive integers, got {shape}")
+    _positive(int(np.prod(shape)))
     points = np.array(list(itertools.product(*(range(s) for s in shape))))  # [D, ndim], row-major
     delta = np.abs(points[:, None, :] - points[None, :, :])  # [D, D, ndim]
     if torus:
@@ -162,6 +163,8 @@ def _lut_name(kind: str, num_devices: int, seed: object) -> str:
 def _positive(num_devices: int) -> int:
     if isinstance(num_devices, bool) or not isinstance(num_devices, (int, np.integer)) or num_devices < 1:
         raise ClusterError(f"number of devices must be a positive integer, got {num_devices!r}")
+    if num_devices > MAX_DEVICES:
+        raise ClusterError(f"{num_devices} devices asked for; tag plans for at most {MAX_DEVICES}")
     return int(num_devices)
 
 

@@ -29,6 +29,20 @@ class GPUType:
     launch_overhead_s: float = 5e-6
     description: str = field(default="", compare=False)
 
+    def __post_init__(self) -> None:
+        table = dict(self.peak_flops)
+        if "fp32" not in table:
+            raise ClusterError(f"GPU type {self.name!r}: peak_flops must give fp32")
+        for what, value in (("memory_bytes", self.memory_bytes), ("memory_bandwidth", self.memory_bandwidth),
+                            *((f"peak_flops[{dtype}]", flops) for dtype, flops in table.items())):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ClusterError(f"GPU type {self.name!r}: {what} must be a positive finite number, got {value!r}")
+        unknown = set(table) - set(DTYPES)
+        if unknown:
+            raise ClusterError(f"GPU type {self.name!r}: unknown dtype {sorted(unknown)[0]!r}; expected {', '.join(DTYPES)}")
+        if not 0 <= self.launch_overhead_s < 1:
+            raise ClusterError(f"GPU type {self.name!r}: launch_overhead_s must be in [0, 1) s, got {self.launch_overhead_s!r}")
+
     def peak(self, dtype: str = "fp32") -> float:
         """Peak FLOP/s for ``dtype`` (tensor cores where the GPU has them)."""
         table = dict(self.peak_flops)

@@ -13,6 +13,7 @@ Layout (schema_version 1)::
 from __future__ import annotations
 
 import gzip
+import zlib
 import json
 import math
 import os
@@ -23,7 +24,8 @@ import numpy as np
 
 from tag._atomic import atomic_write_bytes
 from tag._schema import check_header
-from tag.errors import GraphError, SchemaError
+from tag.cluster.gpus import DTYPES, gpu_type
+from tag.errors import GraphError, SchemaError, TagError
 from tag.graph.opgraph import ROLES, SPLIT_CLASSES, OpGraph
 
 __all__ = ["SCHEMA_VERSION", "graph_to_json", "graph_from_json", "save_graph", "load_graph"]
@@ -89,6 +91,22 @@ def _labels(values: list, vocabulary: tuple[str, ...], key: str, where: str) -> 
     return out
 
 
+def _check_meta(meta: dict, where: str) -> None:
+    """The meta fields that tag itself reads must have the right type; the rest is free-form."""
+    parameters = meta.get("parameters")
+    if parameters is not None and (isinstance(parameters, bool) or not isinstance(parameters, int) or parameters < 0):
+        raise SchemaError(f"{where}: meta.parameters must be a non-negative integer, got {parameters!r}")
+    dtype = meta.get("measured_dtype")
+    if dtype is not None and dtype not in DTYPES:
+        raise SchemaError(f"{where}: meta.measured_dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
+    measured_on = meta.get("measured_on")
+    if measured_on is not None:
+        try:
+            gpu_type(measured_on)
+        except TagError as error:
+            raise SchemaError(f"{where}: meta.measured_on: {error}") from None
+
+
 def graph_from_json(doc: Any, *, where: str = "graph") -> OpGraph:
     """Validate a decoded JSON document and build the OpGraph; SchemaError/GraphError name the field."""
     check_header(doc, fmt=_FORMAT, version=SCHEMA_VERSION, where=where)
@@ -96,6 +114,7 @@ def graph_from_json(doc: Any, *, where: str = "graph") -> OpGraph:
     meta = doc.get("meta", {})
     if not isinstance(meta, dict):
         raise SchemaError(f"{where}: field 'meta' must be an object")
+    _check_meta(meta, where)
     ops = _field(doc, "ops", dict, where)
     names = _field(ops, "name", list, f"{where}.ops")
     n = len(names)
@@ -156,13 +175,20 @@ def save_graph(graph: OpGraph, path: str | os.PathLike) -> None:
 
 def load_graph(path: str | os.PathLike) -> OpGraph:
     path = Path(path)
+    if path.is_dir():
+        raise SchemaError(f"{path}: is a directory, not a graph file")
     if not path.is_file():
         raise SchemaError(f"{path}: no such graph file")
-    raw = path.read_bytes()
     try:
+        raw = path.read_bytes()
         if raw[:2] == b"\x1f\x8b":
             raw = gzip.decompress(raw)
         doc = json.loads(raw)
-    except (OSError, EOFError, json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise SchemaError(f"{path}: not a valid JSON(.gz) graph file ({error})") from None
-    return graph_from_json(doc, where=str(path))
+    except (OSError, EOFError, zlib.error, ValueError, RecursionError) as error:
+        raise SchemaError(f"{path}: not a valid JSON(.gz) graph file ({type(error).__name__}: {error})") from None
+    try:
+        return graph_from_json(doc, where=str(path))
+    except (OverflowError, ValueError, TypeError) as error:
+        if isinstance(error, SchemaError):
+            raise
+        raise SchemaError(f"{path}: a value is out of range ({error})") from None

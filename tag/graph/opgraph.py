@@ -379,8 +379,8 @@ class OpGraph:
 
     def with_batch_size(self, batch_size: int) -> OpGraph:
         """The same graph at another reference batch: batch-scaled columns and edges scale linearly."""
-        if batch_size < 1:
-            raise GraphError(f"batch_size must be positive, got {batch_size}")
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or not 1 <= batch_size <= 2**31:
+            raise GraphError(f"batch_size must be an integer in 1..2^31, got {batch_size!r}")
         ratio = batch_size / self.batch_size
         scale = np.where(self.batch_scaled, ratio, 1.0)
         output_scale = np.where(self.batch_scaled & (self.split == SPLIT_CONCAT), ratio, 1.0)
@@ -393,7 +393,9 @@ class OpGraph:
             edge_bytes=self.edge_bytes * edge_scale,
             measured_time=self.measured_time * scale,
             batch_size=batch_size,
-            meta=dict(self.meta),
+            # The traced call records hold shapes at the old batch: an executor must re-trace.
+            args=None,
+            meta={**self.meta, "batch_size": batch_size, "rescaled_from_batch": self.batch_size},
         )
         return graph
 

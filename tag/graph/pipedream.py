@@ -371,6 +371,13 @@ class _Leaf(NamedTuple):
 
 def _leaf(call: str) -> _Leaf:
     """Width, parameter count and FLOPs per output row of a Linear / LSTM / GRU / Conv2d / Embedding."""
+    leaf = _leaf_unchecked(call)
+    if not (leaf.width > 0 and leaf.params >= 0 and leaf.flops_per_row > 0):
+        raise ValueError(f"non-positive size in {_clip(call)}")
+    return leaf
+
+
+def _leaf_unchecked(call: str) -> _Leaf:
     kind = _layer_kind(call)
     positional, keywords = _call_arguments(call)
     if kind == "Linear":
@@ -398,6 +405,8 @@ def _leaf(call: str) -> _Leaf:
         kh, kw = _pair(_argument(positional, keywords, 2, "kernel_size"))
         groups = float(keywords.get("groups", 1))
         bias = bool(keywords.get("bias", True))
+        if groups <= 0:
+            raise ValueError(f"groups must be positive in {_clip(call)}")
         fan_in = channels_in / groups * kh * kw
         return _Leaf(kind, width, width * fan_in + (width if bias else 0.0), width * (2.0 * fan_in + bias))
     if kind == "Embedding":

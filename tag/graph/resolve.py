@@ -29,7 +29,7 @@ def prebuilt_path(name: str, *, tiny: bool = False) -> Path:
 
 
 def _is_graph_file(text: str) -> bool:
-    return text.endswith((".json", ".json.gz"))
+    return text.lower().endswith((".json", ".json.gz"))
 
 
 def resolve_model(text: str, *, batch_size: int | None = None, tiny: bool = False, progress=None) -> OpGraph:
@@ -40,7 +40,7 @@ def resolve_model(text: str, *, batch_size: int | None = None, tiny: bool = Fals
     graph: OpGraph | None = None
     if _is_graph_file(text):
         graph = load_graph(text)
-    elif text.endswith(".txt"):
+    elif text.lower().endswith(".txt"):
         from tag.graph.pipedream import load_pipedream
 
         if not Path(text).is_file():
@@ -48,6 +48,11 @@ def resolve_model(text: str, *, batch_size: int | None = None, tiny: bool = Fals
         graph = load_pipedream(text)
     elif prebuilt_path(text, tiny=tiny).is_file():
         graph = load_graph(prebuilt_path(text, tiny=tiny))  # no torch import needed
+        if batch_size is not None and batch_size != graph.batch_size:
+            from tag.graph.tracer import trace_zoo
+
+            # Traced at the new batch rather than rescaled, so the executor records stay valid.
+            graph = trace_zoo(text, tiny=tiny, batch_size=batch_size)
     else:
         from tag.models import MODELS
 
