@@ -1,0 +1,897 @@
+"""The compiler (TAG §4.3.1): a strategy over op groups → a TaskGraph with the auxiliary ops it needs.
+
+Every group runs as units (:mod:`tag.compiler.tables`) on the devices of its layout
+(:mod:`tag.compiler.layout`): one compute task per unit per replica, lasting the cost model's time for the
+device's GPU type at the replica's batch fraction (ops of split class ``none`` always on the whole batch).
+
+Then, for every tensor a group reads from another group (and, inside a group, every tensor whose
+readers need what other replicas hold), the compiler compares what the producer's replicas hold with what
+each consumer device needs and inserts:
+
+=========================================  ===============================================================
+producer holds → consumer needs             inserted
+=========================================  ===============================================================
+batch rows → batch rows (other layout)      **Split / Concat**: one transfer per overlapping
+                                            (producer replica, consumer replica) pair on two devices,
+                                            bytes ∝ the overlap of their batch intervals
+batch rows → every row (``none`` reader,    **Concat**: every remote replica's rows to each consumer
+duplicate or model-parallel consumer)
+partial sums → the whole sum, same devices  **AllReduce** (ring) or **PS** push+pull by the consumer
+                                            group's option; the parameter server of the j-th synced
+                                            tensor of group C is replica (C + j) mod R (round robin by
+                                            parameter, TAG §4.2)
+partial sums → the whole sum, elsewhere     **AddN**: partials sent to one root consumer device (one
+                                            that holds a partial, if any), summed there, and the sum
+                                            sent on to the other consumer devices
+partial sums → a partial-sum reader         nothing if both groups have the same devices; otherwise
+                                            **AddN** of every partial at the consumer's first replica
+whole tensor → anything, on a device        **Transfer** from the holder with the best bandwidth to it
+without a copy                              (ties rotate over the consumer devices)
+=========================================  ===============================================================
+
+A duplicated group's replicas compute the whole batch, so its gradients are whole and need no
+synchronisation. The ops of a model-parallel group are split over its devices by
+:func:`tag.grouping.split_group` and its internal edges that cross devices become transfers.
+
+Granularity (:mod:`tag.compiler.tables`): ``"op"`` (one task per op per replica, the reference),
+``"group"`` (the fast path: each group's ops of one role cut at its boundary tensors) and ``"part"``
+(coarser: one task per group, role and sync level per replica). At ``"group"`` and ``"part"`` granularity
+the transfers of one bundle (the tensors from one producer unit to one
+consumer group that the same consumer units read) between one pair of devices are one task lasting
+k·α + S/β for k tensors of S bytes in all, the sum of the k op-level transfers, and its collectives
+last the sum of the op-level collectives; compute units add their ops' times. So both granularities do
+the same work on the same resources and differ only in how finely tasks are cut.
+
+Memory (reference counting in the simulator): per device one persistent tensor of 4 × the parameter
+bytes of the ops placed there (parameter, gradient buffer, Adam's two moments); the activations each
+compute task outputs for other units (freed when their last reader on the device, or the transfer
+sending them, finishes), and every received tensor on its destination.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import itertools
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tag.cluster import Cluster
+from tag.cost import CostModel
+from tag.graph.opgraph import ROLE_OPTIMIZER
+from tag.grouping import GroupGraph
+from tag.sim import (
+    NO_TASK,
+    RES_COMM,
+    RES_COMPUTE,
+    RES_LINK,
+    RES_NIC_IN,
+    RES_NIC_OUT,
+    TASK_COLLECTIVE,
+    TASK_COMPUTE,
+    TASK_TRANSFER,
+    SimulationResult,
+    TaskGraph,
+    simulate,
+    simulate_fast,
+)
+from tag.strategy import OPTIONS, PS, Strategy, device_group_sizes
+from tag.compiler.errors import CompileError
+from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout
+from tag.compiler.tables import (
+    DEMAND_SUM,
+    GRANULARITIES,
+    NO_UNIT,
+    ROWS,
+    SUMS,
+    Bundle,
+    CompilerTables,
+    compiler_tables,
+    make_bundles,
+)
+
+__all__ = ["compile_strategy", "CompiledPlan", "InsertedOp", "Delivery", "ADAM_COPIES", "DEFAULT_FUSION_BYTES"]
+
+ADAM_COPIES = 4  # parameter + gradient buffer + Adam's first and second moments, fp32
+DEFAULT_FUSION_BYTES = 25e6  # bucket size of the Horovod baseline (PyTorch DDP's bucket_cap_mb default is 25 MB)
+_EMPTY = 1e-12  # batch overlaps shorter than this move nothing
+_MAX_CACHED_PLANS = 500_000  # bundle plans kept per (grouping, cluster) before the cache is emptied
+_COLLECTIVE_CODES = {"allreduce": 0, "ps": 1, "broadcast": 2, "allgather": 3}  # tag.sim.COLLECTIVES order
+
+
+class InsertedOp(NamedTuple):
+    """One auxiliary op the compiler inserted, and why."""
+
+    op: str  # Split, Concat, SplitConcat, Transfer, AddN, AllReduce, PS
+    group: int  # the consumer group it feeds
+    producer_group: int
+    devices: tuple[int, ...]  # devices it involves
+    nbytes: float  # bytes moved (a collective: the tensor bytes it reduces)
+    tensors: int  # tensors it carries
+    tasks: tuple[int, ...]  # its tasks in the TaskGraph
+    reason: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"op": self.op, "group": self.group, "producer_group": self.producer_group,
+                "devices": list(self.devices), "bytes": self.nbytes, "tensors": self.tensors,
+                "tasks": list(self.tasks), "reason": self.reason}
+
+
+class Delivery(NamedTuple):
+    """What one communication task carries for some tensor uses (read by :func:`check_compiled`).
+
+    ``kind``: ``rows`` (batch rows [lo, hi) of each tensor from ``src`` to ``dst``), ``partial`` (the
+    partial sum ``src`` holds), ``sum`` (the sum the AddN root ``src`` has gathered), ``full`` (a whole
+    tensor), ``allreduce`` / ``ps`` (every member of ``devices`` ends with the sum of their partials).
+    """
+
+    task: int
+    kind: str
+    uses: tuple[int, ...]
+    src: int
+    dst: int
+    lo: float = 0.0
+    hi: float = 1.0
+    devices: tuple[int, ...] = ()
+
+
+@dataclass(eq=False)
+class CompiledPlan:
+    """A strategy lowered to a TaskGraph, with the mapping and every inserted op."""
+
+    taskgraph: TaskGraph
+    group_graph: GroupGraph
+    strategy: Strategy
+    cluster: Cluster
+    granularity: str
+    layouts: tuple[GroupLayout, ...]  # [G] devices, batch fractions and intervals of each group
+    inserted: list[InsertedOp]
+    delivery_log: list[tuple]  # Delivery fields as plain tuples (built cheaply; see ``deliveries``)
+    unit_tasks: dict[int, tuple[int, dict]]  # unit or piece id -> (first task, {device: offset}): its compute tasks
+    op_unit: np.ndarray  # [N] unit (or model-parallel piece) of each op, -1 for input ops
+    tables: CompilerTables = field(repr=False)
+    persistent_bytes: np.ndarray = field(default_factory=lambda: np.zeros(0))  # [D]
+
+    # ------------------------------------------------------------------ queries
+    @functools.cached_property
+    def deliveries(self) -> list[Delivery]:
+        """What every communication task carries (for :func:`tag.compiler.check_compiled`)."""
+        return [d if isinstance(d, Delivery) else Delivery._make(d) for d in self.delivery_log]
+
+    def with_deliveries(self, deliveries: list[Delivery]) -> CompiledPlan:
+        """A copy claiming other deliveries (to test the checker on broken plans)."""
+        return dataclasses.replace(self, delivery_log=list(deliveries))
+
+    def op_task(self, op: int, device: int) -> int:
+        """The compute task running op ``op`` on ``device`` (NO_TASK for input ops); KeyError if it does
+        not run there."""
+        unit = int(self.op_unit[op])
+        if unit < 0:
+            return NO_TASK
+        base, offset = self.unit_tasks[unit]
+        return base + offset[device]
+
+    def op_devices(self, op: int) -> tuple[int, ...]:
+        """The devices that hold op ``op``'s output (run it, or hold it from the start for input ops)."""
+        layout = self.layouts[int(self.group_graph.assignment[op])]
+        if layout.model_parallel:
+            return (layout.op_device[int(op)],)
+        return layout.devices
+
+    def replicas(self, group: int) -> list[tuple[int, float]]:
+        """[(device, batch fraction)] of ``group``."""
+        layout = self.layouts[group]
+        return list(zip(layout.devices, layout.fraction))
+
+    def inserted_ops(self) -> list[dict[str, Any]]:
+        return [op.as_dict() for op in self.inserted]
+
+    def simulate(self, *, fast: bool | None = None, feedback: bool = True, raise_on_oom: bool = False
+                 ) -> SimulationResult:
+        """Run the TaskGraph: the fast path at group and part granularity, the event-driven reference at op
+        level (``fast`` overrides)."""
+        use_fast = self.granularity != "op" if fast is None else fast
+        run = simulate_fast if use_fast else simulate
+        return run(self.taskgraph, feedback=feedback, raise_on_oom=raise_on_oom)
+
+    # ------------------------------------------------------------------ rendering
+    def summary(self) -> dict[str, Any]:
+        """Counts of tasks and inserted ops, bytes moved, per-device persistent memory."""
+        tg = self.taskgraph
+        kinds = np.bincount(tg.kind, minlength=3)
+        by_op: dict[str, list[float]] = {}
+        for op in self.inserted:
+            entry = by_op.setdefault(op.op, [0, 0.0, 0])
+            entry[0] += 1
+            entry[1] += op.nbytes
+            entry[2] += len(op.tasks)
+        return {
+            "granularity": self.granularity, "groups": self.group_graph.num_groups,
+            "devices": self.cluster.num_devices, "tasks": tg.num_tasks, "compute_tasks": int(kinds[0]),
+            "transfer_tasks": int(kinds[1]), "collective_tasks": int(kinds[2]),
+            "inserted": {name: {"count": c, "bytes": b, "tasks": t} for name, (c, b, t) in sorted(by_op.items())},
+            "persistent_bytes": self.persistent_bytes.tolist(),
+        }
+
+    def format(self, *, max_ops: int = 40) -> str:
+        """A readable report: group placements, then the inserted ops with their reasons."""
+        from tag.units import format_bytes
+
+        lines = [f"CompiledPlan: {self.taskgraph!r} [{self.granularity} granularity]", "", "groups:"]
+        for g, layout in enumerate(self.layouts):
+            fractions = set(np.round(layout.fraction, 4).tolist())
+            shares = f"batch {fractions.pop():.3g} each" if len(fractions) == 1 else \
+                "batch " + ", ".join(f"{f:.3g}" for f in layout.fraction)
+            lines.append(f"  group {g:3d} {OPTIONS[layout.option]:>14s} on device(s) {_ranges(layout.devices)} ({shares})")
+        lines += ["", f"inserted ops ({len(self.inserted)}):"]
+        for op in self.inserted[:max_ops]:
+            lines.append(f"  {op.op:<11s} {op.producer_group:3d} -> {op.group:3d} {format_bytes(op.nbytes):>10s} "
+                         f"{len(op.tasks):4d} task(s) on {_ranges(op.devices)}: {op.reason}")
+        if len(self.inserted) > max_ops:
+            lines.append(f"  ... {len(self.inserted) - max_ops} more")
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def __rich__(self):
+        from rich.table import Table
+
+        from tag.units import format_bytes
+
+        table = Table(title=f"inserted ops ({self.granularity} granularity, {self.taskgraph.num_tasks} tasks)")
+        for column in ("op", "from", "to", "bytes", "tasks", "devices", "reason"):
+            table.add_column(column, justify="right" if column in ("from", "to", "bytes", "tasks") else "left")
+        for op in self.inserted:
+            table.add_row(op.op, str(op.producer_group), str(op.group), format_bytes(op.nbytes), str(len(op.tasks)),
+                          _ranges(op.devices), op.reason)
+        return table
+
+
+# ------------------------------------------------------------------------------------------------ compile
+
+
+def compile_strategy(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *,
+                     cost: CostModel | None = None, granularity: str = "group",
+                     fusion_bytes: float | None = None) -> CompiledPlan:
+    """Lower ``strategy`` for ``group_graph`` on ``cluster`` to a :class:`CompiledPlan` (module docstring).
+
+    ``granularity``: ``"group"`` (one task per unit per replica, units cut at boundary tensors; what search
+    simulates with :func:`tag.sim.simulate_fast`, checked against the reference), ``"part"`` (coarser and
+    about 4x fewer tasks, less faithful) or ``"op"`` (one task per op per replica; the reference).
+    ``cost``: the cost model for op times (default: the one the grouping was made with). Everything that
+    does not depend on the strategy is cached on ``group_graph`` and ``cluster`` (tables of units, uses
+    and bundles; per-group layouts; per-bundle plans for each pair of layouts), so repeated calls with
+    strategies that share groups' placements are cheaper.
+    ``fusion_bytes``: fuse the all-reduces of gradients (tensors only optimizer ops read) over one device
+    set into buckets of at least this many bytes, in topological order of the units producing them
+    (Horovod's tensor fusion); each bucket waits only for the tasks producing its tensors. None: one
+    all-reduce per bundle of tensors.
+    """
+    if granularity not in GRANULARITIES:
+        raise CompileError(f"granularity must be one of {', '.join(map(repr, GRANULARITIES))}, got {granularity!r}")
+    if not isinstance(strategy, Strategy):
+        raise CompileError(f"expected a Strategy, got {type(strategy).__name__}")
+    if strategy.num_groups != group_graph.num_groups:
+        raise CompileError(f"the strategy has {strategy.num_groups} op groups but the grouping has "
+                           f"{group_graph.num_groups}")
+    sizes = device_group_sizes(cluster)
+    if not np.array_equal(sizes, strategy.device_group_sizes):
+        raise CompileError(f"the strategy is for device groups of {strategy.device_group_sizes.tolist()} devices, "
+                           f"but cluster {cluster.name!r} has {sizes.tolist()}")
+    if fusion_bytes is not None and not fusion_bytes > 0:
+        raise CompileError(f"fusion_bytes must be positive or None, got {fusion_bytes!r}")
+    cost = cost if cost is not None else group_graph.cost
+    tables = compiler_tables(group_graph, cluster, cost, granularity)
+    context = cluster_context(cluster, tables)
+    return _Compiler(tables, context, strategy, fusion_bytes).run()
+
+
+class _Request(NamedTuple):
+    """A collective waiting to be emitted (so that all-reduces can be fused first)."""
+
+    op: str  # "allreduce" or "ps"
+    devices: tuple[int, ...]
+    nbytes: float
+    count: int
+    duration: float
+    producers: list[tuple]  # (producer task, its output tensor or None), one per member that has one
+    consumers: list[int]  # consumer tasks
+    uses: tuple[int, ...]
+    order: int  # producer unit: fusion order
+    gradient: bool  # every reader is an optimizer op: safe to fuse (nothing it feeds leads back to a producer)
+    record: tuple  # (producer group, consumer group, servers, reason)
+
+
+class _Compiler:
+    """The state of one compilation: task and tensor columns as Python lists."""
+
+    def __init__(self, tables: CompilerTables, context: ClusterContext, strategy: Strategy,
+                 fusion_bytes: float | None) -> None:
+        self.tables = tables
+        self.context = context
+        self.strategy = strategy
+        self.fusion_bytes = fusion_bytes
+        self.cluster = context.cluster
+        self.num_devices = self.cluster.num_devices
+        # task columns
+        self.kind: list[int] = []
+        self.duration: list[float] = []
+        self.device: list[int] = []
+        self.peer: list[int] = []
+        self.nbytes: list[float] = []
+        self.collective: list[int] = []
+        self.group: list[int] = []
+        self.dep_task: list[int] = []  # dependencies as pairs: dep_task[k] waits for dep_on[k]
+        self.dep_on: list[int] = []
+        self.res: list[tuple[int, ...]] = []
+        self.labels: list[str] = []
+        self.links: dict[tuple[int, int], int] = {}
+        self.link_base = 2 * self.num_devices + 2 * self.cluster.num_machines
+        # tensor columns
+        self.tensor_device: list[int] = []
+        self.tensor_bytes: list[float] = []
+        self.tensor_producer: list[int] = []
+        self.tensor_persistent: list[bool] = []
+        self.read_tensor: list[int] = []  # readers as pairs: read_task[k] reads read_tensor[k]
+        self.read_task: list[int] = []
+        self.transfer_tensor: dict[int, int] = {}  # transfer task -> the tensor it leaves on its destination
+        self.unit_tensor: dict[int, int] = {}  # unit -> first of its tensors (one per replica, same offsets)
+        # what the plan records
+        self.unit_tasks: dict[int, tuple[int, dict]] = {}
+        self.inserted: list[InsertedOp] = []
+        self.deliveries: list[tuple] = []  # Delivery fields
+        self.requests: list[_Request] = []
+
+    # ------------------------------------------------------------------ driver
+    def run(self) -> CompiledPlan:
+        tables, strategy, context = self.tables, self.strategy, self.context
+        num_groups = strategy.num_groups
+        self.layouts = layouts = tuple(group_layout(tables, context, strategy, g) for g in range(num_groups))
+        mp = [layout.model_parallel for layout in layouts]
+        op_unit = tables.op_unit
+        if any(mp):
+            op_unit = op_unit.copy()
+            for g in np.flatnonzero(mp).tolist():
+                for k, piece in enumerate(layouts[g].pieces):
+                    op_unit[piece.ops] = self._piece_unit(g, k)
+        for g in tables.group_order.tolist():
+            if mp[g]:
+                self._model_parallel_tasks(g)
+            else:
+                self._replica_tasks(g)
+        for g in tables.group_order.tolist():
+            if not mp[g]:
+                self._local_dependencies(g)
+        plans = context.plans
+        if len(plans) > _MAX_CACHED_PLANS:  # a long search: start over rather than grow without bound
+            plans.clear()
+        for pair in tables.pair_uses:
+            group_p, group_c = pair
+            layout_p, layout_c = layouts[group_p], layouts[group_c]
+            if mp[group_p] or mp[group_c]:
+                bundles = self._dynamic_bundles(pair, op_unit, mp)
+            else:
+                bundles = tables.bundles.get(pair, ())
+            for bundle in bundles:
+                key = (id(bundle), layout_p.key, layout_c.key)
+                plan = plans.get(key)
+                if plan is None:
+                    plan = plans[key] = self._plan_bundle(bundle, layout_p, layout_c)
+                self._instantiate(bundle, plan)
+        self._emit_collectives()
+        persistent = self._persistent_memory()
+        taskgraph = self._taskgraph(num_groups)
+        return CompiledPlan(taskgraph=taskgraph, group_graph=tables.group_graph, strategy=strategy,
+                            cluster=self.cluster, granularity=tables.granularity, layouts=layouts,
+                            inserted=self.inserted, delivery_log=self.deliveries, unit_tasks=self.unit_tasks,
+                            op_unit=op_unit, tables=tables, persistent_bytes=persistent)
+
+    def _piece_unit(self, group: int, piece: int) -> int:
+        return self.tables.num_units + group * self.tables.piece_stride + piece
+
+    def _dynamic_bundles(self, pair: tuple[int, int], op_unit: np.ndarray, mp: list[bool]) -> list[Bundle]:
+        """Bundles of a pair of groups one of which is model-parallel (by its pieces), cached per layouts."""
+        group_p, group_c = pair
+        key = ("bundles", pair, self.layouts[group_p].key if mp[group_p] else None,
+               self.layouts[group_c].key if mp[group_c] else None)
+        bundles = self.context.plans.get(key)
+        if bundles is None:
+            op_device = dict(self.layouts[group_p].op_device) if mp[group_p] else {}
+            bundles = make_bundles(self.tables, self.tables.pair_uses[pair], op_unit, skip_local=not mp[group_p],
+                                   op_device=op_device).get(pair, [])
+            self.context.plans[key] = bundles
+        return bundles
+
+    # ------------------------------------------------------------------ compute tasks
+    def _replica_tasks(self, g: int) -> None:
+        layout = self.layouts[g]
+        durations, devices, labels, out = layout.block
+        base = len(self.kind)
+        n = len(durations)
+        self.kind.extend([TASK_COMPUTE] * n)
+        self.duration.extend(durations)
+        self.device.extend(devices)
+        self.peer.extend([NO_TASK] * n)
+        self.nbytes.extend([0.0] * n)
+        self.collective.extend([-1] * n)
+        self.group.extend([g] * n)
+        self.res.extend(self.context.compute_resources[d] for d in devices)
+        self.labels.extend(labels)
+        r = len(layout.devices)
+        offset = self.context.offsets(layout.devices)
+        unit_tasks, unit_tensor = self.unit_tasks, self.unit_tensor
+        for k, unit in enumerate(self.tables.group_units[g].tolist()):
+            start = base + k * r
+            unit_tasks[unit] = (start, offset)
+            if out[k * r] > 0:  # a unit outputs on every replica or on none
+                unit_tensor[unit] = len(self.tensor_device)
+                self.tensor_device.extend(layout.devices)
+                self.tensor_bytes.extend(out[k * r:(k + 1) * r])
+                self.tensor_producer.extend(range(start, start + r))
+        self.tensor_persistent.extend([False] * (len(self.tensor_device) - len(self.tensor_persistent)))
+
+    def _model_parallel_tasks(self, g: int) -> None:
+        tables, layout = self.tables, self.layouts[g]
+        for k, piece in enumerate(layout.pieces):
+            label = tables.unit_label[piece.unit] + (f"p{k}" if tables.granularity != "op" else "")
+            task = self._task(TASK_COMPUTE, piece.duration, piece.device, NO_TASK, 0.0, -1, g, (piece.device,), label)
+            unit = self._piece_unit(g, k)
+            self.unit_tasks[unit] = (task, self.context.offsets((piece.device,)))
+            out = piece.out_rows + piece.out_fixed
+            if out > 0:
+                self.unit_tensor[unit] = self._tensor(piece.device, out, task)
+
+    def _local_dependencies(self, g: int) -> None:
+        """Units of one replicated group that read each other's outputs, on every replica."""
+        unit_tasks, unit_tensor, succ = self.unit_tasks, self.unit_tensor, self.tables.unit_local_succ
+        r = len(self.layouts[g].devices)
+        for unit in self.tables.group_units[g].tolist():
+            start = unit_tasks[unit][0]
+            tensor = unit_tensor.get(unit)
+            for later in succ[unit]:
+                first = unit_tasks[later][0]
+                self.dep_task.extend(range(first, first + r))
+                self.dep_on.extend(range(start, start + r))
+                if tensor is not None:
+                    self.read_tensor.extend(range(tensor, tensor + r))
+                    self.read_task.extend(range(first, first + r))
+
+    # ------------------------------------------------------------------ bundles
+    def _plan_bundle(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout) -> _BundlePlan:
+        """What bundle ``b`` needs moved between these two layouts (module docstring table); cached, so it
+        names devices, never tasks."""
+        if b.producer_device >= 0:
+            holders, h_lo, h_hi, p_split = (b.producer_device,), (0.0,), (1.0,), False
+        else:
+            holders, h_lo, h_hi, p_split = layout_p.devices, layout_p.lo, layout_p.hi, layout_p.split
+        if layout_c.model_parallel:
+            stride, base = self.tables.piece_stride, self._piece_unit(b.consumer_group, 0)
+            targets = list(dict.fromkeys(layout_c.pieces[u - base].device for u in b.consumer_units))
+        else:
+            targets = list(layout_c.devices)
+        c_split = layout_c.split
+        c_index = {d: r for r, d in enumerate(layout_c.devices)} if c_split else None
+        pending: dict[tuple[int, int, int], list] = {}  # (src, dst, stage) -> [bytes, count, items]
+        local: set[int] = set()  # consumer devices reading the producer's copy on the same device
+        collectives: list[tuple] = []
+        names: list[str | None] = []  # inserted op kind per category, for the records
+        same_rows = p_split and c_split and layout_c.devices == holders and layout_c.lo == h_lo
+        for k in range(len(b.pclass)):
+            pclass, demand, nbytes, count, uses = b.pclass[k], b.demand[k], b.nbytes[k], b.count[k], b.uses[k]
+            before = len(pending)
+            if pclass == ROWS:
+                if same_rows and demand <= 1:
+                    local.update(targets)
+                    names.append(None)
+                    continue
+                for e in targets:
+                    if c_split and demand <= 1:
+                        r = c_index[e]
+                        need_lo, need_hi = layout_c.lo[r], layout_c.hi[r]
+                    else:
+                        need_lo, need_hi = 0.0, 1.0
+                    if p_split:
+                        for s, lo, hi in zip(holders, h_lo, h_hi):
+                            if hi <= need_lo or lo >= need_hi:
+                                continue
+                            lo, hi = max(lo, need_lo), min(hi, need_hi)
+                            if hi - lo <= _EMPTY:
+                                continue
+                            if s == e:
+                                local.add(e)
+                            else:
+                                _pend(pending, s, e, 1, nbytes * (hi - lo), count, ("rows", uses, lo, hi))
+                    elif e in holders:
+                        local.add(e)
+                    else:
+                        s = self._source(holders, e, targets)
+                        _pend(pending, s, e, 1, nbytes * (need_hi - need_lo), count, ("rows", uses, need_lo, need_hi))
+                names.append(self._rows_op_name(p_split, c_split and demand <= 1, len(pending) > before, b))
+            elif pclass == SUMS and p_split:
+                if demand == DEMAND_SUM and c_split:
+                    if layout_c.devices == holders:
+                        local.update(targets)
+                        names.append(None)
+                        continue
+                    _gather_partials(pending, holders, layout_c.devices[0], nbytes, count, uses, local)
+                    names.append("AddN")
+                elif set(targets) == set(holders):
+                    op = "ps" if layout_c.option == PS else "allreduce"
+                    collectives.append(self._collective_plan(op, b, holders, nbytes, count, uses))
+                    names.append(None)
+                else:
+                    in_holders = [e for e in targets if e in holders]
+                    root = in_holders[0] if in_holders else targets[0]
+                    _gather_partials(pending, holders, root, nbytes, count, uses, local)
+                    for e in targets:
+                        if e != root:
+                            _pend(pending, root, e, 2, nbytes, count, ("sum", uses, root))
+                    names.append("AddN")
+            else:  # a whole tensor on every holder
+                for e in targets:
+                    if e in holders:
+                        local.add(e)
+                    else:
+                        s = self._source(holders, e, targets)
+                        _pend(pending, s, e, 1, nbytes, count, ("full", uses))
+                names.append("Transfer" if len(pending) > before else None)
+        beta, alpha = self.context.beta, self.context.alpha
+        transfers = tuple((s, e, stage, nbytes, count, count * alpha[s][e] + nbytes / beta[s][e] if nbytes > 0 else 0.0,
+                           tuple(items))
+                          for (s, e, stage), (nbytes, count, items) in sorted(pending.items(), key=lambda kv: kv[0][2]))
+        record = None
+        if transfers:
+            kinds = sorted({name for name in names if name is not None}) or ["Transfer"]
+            devices = tuple(sorted({d for t in transfers for d in t[:2]}))
+            tensors = sum(len(uses) for uses, name in zip(b.uses, names) if name is not None)
+            record = ("+".join(kinds), devices, sum(t[3] for t in transfers), tensors, self._transfer_reason(b, kinds))
+        return _BundlePlan(tuple(targets), frozenset(local), transfers, tuple(collectives), record)
+
+    def _instantiate(self, b: Bundle, plan: _BundlePlan) -> None:
+        """Tasks, dependencies, tensors and records of one planned bundle."""
+        unit_tasks, dep_task, dep_on = self.unit_tasks, self.dep_task, self.dep_on
+        if b.producer_unit != NO_UNIT:
+            p_base, p_offset = unit_tasks[b.producer_unit]
+            p_tensor = self.unit_tensor.get(b.producer_unit)
+        else:
+            p_base = p_offset = p_tensor = None
+        consumers = [unit_tasks[unit] for unit in b.consumer_units]  # (first task, offsets) per consumer unit
+        # The common case: every consumer reads the producer's copy on its own device, replica for replica.
+        local = plan.local
+        if not plan.transfers and not plan.collectives and p_base is not None and len(local) == len(plan.targets):
+            for c_base, c_offset in consumers:
+                if c_offset is p_offset and c_base != p_base:
+                    r = len(c_offset)
+                    dep_task.extend(range(c_base, c_base + r))
+                    dep_on.extend(range(p_base, p_base + r))
+                    if p_tensor is not None:
+                        self.read_tensor.extend(range(p_tensor, p_tensor + r))
+                        self.read_task.extend(range(c_base, c_base + r))
+                elif c_base != p_base:
+                    for e, k in c_offset.items():
+                        if e in local:
+                            self._wait_local(c_base + k, p_base, p_offset, p_tensor, e)
+            return
+        inbound: dict[int, list[int]] = {}
+        created = []
+        if plan.transfers:
+            arrived: dict[int, list[int]] = {}  # AddN root -> stage-1 transfers into it
+            for s, e, stage, nbytes, count, duration, items in plan.transfers:
+                task = self._transfer(s, e, nbytes, duration, b.consumer_group)
+                created.append(task)
+                if p_base is not None and s in p_offset:
+                    self._wait_local(task, p_base, p_offset, p_tensor, s)
+                if stage == 2:
+                    for source in arrived.get(s, ()):
+                        self._wait_transfer(task, source)
+                else:
+                    arrived.setdefault(e, []).append(task)
+                inbound.setdefault(e, []).append(task)
+                self.transfer_tensor[task] = self._tensor(e, nbytes, task)
+                for item in items:
+                    if item[0] == "rows":
+                        self.deliveries.append((task, "rows", item[1], s, e, item[2], item[3], ()))
+                    else:
+                        self.deliveries.append((task, item[0], item[1], s, e, 0.0, 1.0, ()))
+        for op, holders, nbytes, count, duration, uses, servers, gradient, reason in plan.collectives:
+            sources = [(p_base + p_offset[s], p_tensor + p_offset[s] if p_tensor is not None else None)
+                       for s in holders] if p_base is not None else []
+            readers = [c_base + k for c_base, c_offset in consumers for k in c_offset.values()]
+            self.requests.append(_Request(op, holders, nbytes, count, duration, sources, readers, uses,
+                                          b.producer_unit, gradient, (b.producer_group, b.consumer_group, servers,
+                                                                      reason)))
+        for c_base, c_offset in consumers:
+            for e, k in c_offset.items():
+                task = c_base + k
+                if p_base is not None and e in local and p_base + p_offset[e] != task:
+                    self._wait_local(task, p_base, p_offset, p_tensor, e)
+                for transfer in inbound.get(e, ()):
+                    self._wait_transfer(task, transfer)
+        if plan.record is not None:
+            op, devices, nbytes, tensors, reason = plan.record
+            self.inserted.append(InsertedOp(op, b.consumer_group, b.producer_group, devices, nbytes, tensors,
+                                            tuple(created), reason))
+
+    def _wait_local(self, task: int, p_base: int, p_offset: dict, p_tensor: int | None, device: int) -> None:
+        """``task`` waits for, and reads, the producer unit's output on ``device``."""
+        k = p_offset[device]
+        self.dep_task.append(task)
+        self.dep_on.append(p_base + k)
+        if p_tensor is not None:
+            self.read_tensor.append(p_tensor + k)
+            self.read_task.append(task)
+
+    def _wait_transfer(self, task: int, transfer: int) -> None:
+        self.dep_task.append(task)
+        self.dep_on.append(transfer)
+        self.read_tensor.append(self.transfer_tensor[transfer])
+        self.read_task.append(task)
+
+    def _source(self, holders: tuple, e: int, targets: list) -> int:
+        """The holder sending a whole copy to ``e``: best bandwidth; ties rotate over the consumer devices."""
+        if len(holders) == 1:
+            return holders[0]
+        beta = self.context.beta
+        best = max(beta[s][e] for s in holders)
+        tied = [s for s in holders if beta[s][e] >= best * (1 - 1e-9)]
+        return tied[targets.index(e) % len(tied)]
+
+    # ------------------------------------------------------------------ collectives
+    def _collective_plan(self, op: str, b: Bundle, holders: tuple, nbytes: float, count: int, uses: tuple) -> tuple:
+        n = len(holders)
+        servers: tuple[int, ...] = ()
+        if op == "allreduce":
+            bandwidth, latency = self.context.ring(holders)
+            duration = 2.0 * (n - 1) / n * nbytes / bandwidth + count * 2.0 * (n - 1) * latency if nbytes > 0 else 0.0
+        else:
+            duration = 0.0
+            chosen = []
+            sync_index, use_bytes = self.tables.use_sync_index, self.tables.use_bytes
+            for q in uses:
+                ps = holders[(b.consumer_group + int(sync_index[q])) % n]
+                chosen.append(ps)
+                latency, inverse = self.context.server(holders, ps)
+                size = float(use_bytes[q])
+                if size > 0:
+                    duration += 2.0 * (latency + size * inverse)
+            servers = tuple(sorted(set(chosen)))
+        gradient = self._feeds_optimizer(uses)
+        return op, holders, nbytes, count, duration, uses, servers, gradient, self._sync_reason(op, b, n, gradient)
+
+    def _feeds_optimizer(self, uses: tuple[int, ...]) -> bool:
+        role, consumers = self.tables.op_graph.role, self.tables.use_consumers
+        return all((role[consumers[q]] == ROLE_OPTIMIZER).all() for q in uses)
+
+    def _emit_collectives(self) -> None:
+        requests = self.requests
+        if self.fusion_bytes is not None:
+            requests = self._fuse(requests)
+        for request in requests:
+            group_p, group_c, servers, reason = request.record
+            task = self._task(TASK_COLLECTIVE, request.duration, request.devices[0], NO_TASK, request.nbytes,
+                              _COLLECTIVE_CODES[request.op], group_c,
+                              tuple(self.num_devices + d for d in request.devices),
+                              f"{'AR' if request.op == 'allreduce' else 'PS'}{group_c}")
+            for source, tensor in request.producers:
+                self.dep_task.append(task)
+                self.dep_on.append(source)
+                if tensor is not None:
+                    self.read_tensor.append(tensor)
+                    self.read_task.append(task)
+            self.dep_task.extend(request.consumers)
+            self.dep_on.extend([task] * len(request.consumers))
+            self.deliveries.append((task, request.op, request.uses, -1, -1, 0.0, 1.0, request.devices))
+            name = "AllReduce" if request.op == "allreduce" else "PS"
+            if servers:
+                reason += f"; parameter server(s) on device(s) {list(servers)}, round robin by parameter"
+            self.inserted.append(InsertedOp(name, group_c, group_p, request.devices, request.nbytes,
+                                            len(request.uses), (task,), reason))
+
+    def _fuse(self, requests: list[_Request]) -> list[_Request]:
+        """Horovod's tensor fusion: consecutive all-reduces over one device set, in producer order, merged
+        into buckets of at least ``fusion_bytes``."""
+        fusable = [r for r in requests if r.op == "allreduce" and r.gradient]
+        fused: list[_Request] = [r for r in requests if not (r.op == "allreduce" and r.gradient)]
+        open_buckets: dict[tuple[int, ...], list[_Request]] = {}
+
+        def close(devices: tuple[int, ...]) -> None:
+            bucket = open_buckets.pop(devices)
+            total = sum(r.nbytes for r in bucket)
+            n = len(devices)
+            bandwidth, latency = self.context.ring(devices)
+            duration = 2.0 * (n - 1) / n * total / bandwidth + 2.0 * (n - 1) * latency if total > 0 else 0.0
+            groups = sorted({r.record[1] for r in bucket})
+            reason = (f"Horovod fusion bucket of {len(bucket)} all-reduce(s) ({sum(len(r.uses) for r in bucket)} "
+                      f"tensors) for groups {groups}")
+            fused.append(_Request("allreduce", devices, total, sum(r.count for r in bucket), duration,
+                                  [p for r in bucket for p in r.producers], [c for r in bucket for c in r.consumers],
+                                  tuple(q for r in bucket for q in r.uses), bucket[0].order, True,
+                                  (bucket[0].record[0], bucket[-1].record[1], (), reason)))
+
+        for request in sorted(fusable, key=lambda r: r.order):
+            bucket = open_buckets.setdefault(request.devices, [])
+            bucket.append(request)
+            if sum(r.nbytes for r in bucket) >= self.fusion_bytes:
+                close(request.devices)
+        for devices in list(open_buckets):
+            close(devices)
+        return fused
+
+    # ------------------------------------------------------------------ records
+    def _rows_op_name(self, p_split: bool, c_split: bool, moved: bool, b: Bundle) -> str | None:
+        if not moved:
+            return None
+        if b.producer_device >= 0 or self.layouts[b.consumer_group].model_parallel:
+            return "Transfer" if not (p_split or c_split) else ("Concat" if p_split else "Split")
+        if p_split and c_split:
+            return "SplitConcat"
+        if p_split:
+            return "Concat"
+        if c_split:
+            return "Split"
+        return "Transfer"
+
+    def _transfer_reason(self, b: Bundle, kinds: list[str]) -> str:
+        layout_p, layout_c = self.layouts[b.producer_group], self.layouts[b.consumer_group]
+        what = f"{sum(len(u) for u in b.uses)} tensor(s) of group {b.producer_group}"
+        where_p = _where(layout_p)
+        where_c = _where(layout_c)
+        if b.producer_group == b.consumer_group:
+            if layout_c.model_parallel:
+                return f"{what} cross devices inside model-parallel group {b.consumer_group} ({where_c})"
+            return f"ops of group {b.consumer_group} that need whole tensors read {what} ({where_c})"
+        if "AddN" in kinds:
+            return f"group {b.consumer_group} ({where_c}) needs whole sums of partial {what} ({where_p})"
+        return f"group {b.consumer_group} ({where_c}) reads {what} ({where_p})"
+
+    def _sync_reason(self, op: str, b: Bundle, n: int, to_optimizer: bool) -> str:
+        layout_c = self.layouts[b.consumer_group]
+        option = OPTIONS[layout_c.option]
+        if b.producer_group == b.consumer_group and to_optimizer:
+            return f"weight gradients of group {b.consumer_group} replicated on {n} devices (option {option})"
+        what = "weight gradients" if to_optimizer else "partial sums"
+        return (f"{what} of group {b.producer_group} (batch split over {n} devices) needed whole by group "
+                f"{b.consumer_group} on the same devices (option {option})")
+
+    # ------------------------------------------------------------------ memory
+    def _persistent_memory(self) -> np.ndarray:
+        tables = self.tables
+        per_device = np.zeros(self.num_devices)
+        param_bytes = tables.op_graph.param_bytes
+        for g, layout in enumerate(self.layouts):
+            if layout.model_parallel:
+                for op in tables.group_graph.group_members(g).tolist():
+                    per_device[layout.op_device[op]] += ADAM_COPIES * param_bytes[op]
+            elif tables.group_param_bytes[g] > 0:
+                per_device[list(layout.devices)] += ADAM_COPIES * tables.group_param_bytes[g]
+        for d in np.flatnonzero(per_device).tolist():
+            self.tensor_device.append(d)
+            self.tensor_bytes.append(float(per_device[d]))
+            self.tensor_producer.append(NO_TASK)
+            self.tensor_persistent.append(True)
+        return per_device
+
+    # ------------------------------------------------------------------ low level
+    def _task(self, kind: int, duration: float, device: int, peer: int, nbytes: float, collective: int, group: int,
+              resources: tuple[int, ...], label: str) -> int:
+        self.kind.append(kind)
+        self.duration.append(duration)
+        self.device.append(device)
+        self.peer.append(peer)
+        self.nbytes.append(nbytes)
+        self.collective.append(collective)
+        self.group.append(group)
+        self.res.append(resources)
+        self.labels.append(label)
+        return len(self.kind) - 1
+
+    def _transfer(self, src: int, dst: int, nbytes: float, duration: float, group: int) -> int:
+        link = self.links.get((src, dst))
+        if link is None:
+            link = self.links[(src, dst)] = len(self.links)
+        # NIC ids are below every link id, so the tuple stays sorted
+        resources = self.context.nics[src][dst] + (self.link_base + link,)
+        return self._task(TASK_TRANSFER, duration, src, dst, nbytes, -1, group, resources, f"{src}>{dst}")
+
+    def _tensor(self, device: int, nbytes: float, producer: int) -> int:
+        self.tensor_device.append(device)
+        self.tensor_bytes.append(nbytes)
+        self.tensor_producer.append(producer)
+        self.tensor_persistent.append(False)
+        return len(self.tensor_device) - 1
+
+    def _taskgraph(self, num_groups: int) -> TaskGraph:
+        d, m = self.num_devices, self.cluster.num_machines
+        links = sorted(self.links.items(), key=lambda item: item[1])
+        resource_kind = [RES_COMPUTE] * d + [RES_COMM] * d + [RES_NIC_OUT] * m + [RES_NIC_IN] * m + [RES_LINK] * len(links)
+        resource_a = list(range(d)) * 2 + list(range(m)) * 2 + [a for (a, _), _ in links]
+        resource_b = [-1] * (2 * d + 2 * m) + [b for (_, b), _ in links]
+        num_tasks = len(self.kind)
+        dep_ptr, dep = _pairs_csr(self.dep_task, self.dep_on, num_tasks, num_tasks)
+        res_ptr, res = _csr(self.res)
+        consumer_ptr, consumer = _pairs_csr(self.read_tensor, self.read_task, len(self.tensor_device), num_tasks)
+        names = list(map("{}@{}#{}".format, self.labels, self.device, range(num_tasks)))
+        return TaskGraph(
+            cluster=self.cluster, names=names, labels=self.labels, kind=np.array(self.kind, dtype=np.int8),
+            duration=np.array(self.duration), device=np.array(self.device, dtype=np.int64),
+            peer=np.array(self.peer, dtype=np.int64), nbytes=np.array(self.nbytes),
+            collective=np.array(self.collective, dtype=np.int8), group=np.array(self.group, dtype=np.int64),
+            dep_ptr=dep_ptr, dep=dep, res_ptr=res_ptr, res=res, resource_kind=np.array(resource_kind, dtype=np.int8),
+            resource_a=np.array(resource_a, dtype=np.int64), resource_b=np.array(resource_b, dtype=np.int64),
+            tensor_device=np.array(self.tensor_device, dtype=np.int64), tensor_bytes=np.array(self.tensor_bytes),
+            tensor_producer=np.array(self.tensor_producer, dtype=np.int64),
+            tensor_persistent=np.array(self.tensor_persistent, dtype=bool), consumer_ptr=consumer_ptr,
+            consumer=consumer, tensor_names=None, num_groups=num_groups,
+        )
+
+
+class _BundlePlan(NamedTuple):
+    """What one bundle needs between two layouts, in devices (cached per bundle and pair of layouts)."""
+
+    targets: tuple[int, ...]  # consumer devices
+    local: frozenset  # consumer devices that read the producer's own copy
+    transfers: tuple  # (src, dst, stage, bytes, count, duration, delivery items), stage 1 before stage 2
+    collectives: tuple  # (op, devices, bytes, count, duration, uses, servers, gradient, reason)
+    record: tuple | None  # (op name, devices, bytes, tensors, reason) of the transfers
+
+
+def _pend(pending: dict, s: int, e: int, stage: int, nbytes: float, count: int, item: tuple) -> None:
+    entry = pending.get((s, e, stage))
+    if entry is None:
+        pending[(s, e, stage)] = [nbytes, count, [item]]
+    else:
+        entry[0] += nbytes
+        entry[1] += count
+        entry[2].append(item)
+
+
+def _gather_partials(pending: dict, holders: tuple, root: int, nbytes: float, count: int, uses: tuple,
+                     local: set) -> None:
+    """AddN, first half: every partial to ``root`` (whose own partial, if any, stays local)."""
+    for s in holders:
+        if s == root:
+            local.add(root)
+        else:
+            _pend(pending, s, root, 1, nbytes, count, ("partial", uses, s))
+
+
+def _pairs_csr(keys: list[int], values: list[int], size: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
+    """(ptr [size+1], values) of the pairs (keys[k], values[k]) with keys < size and values < stride, duplicates
+    dropped, values ascending per key."""
+    stride = max(stride, 1)
+    pair = np.unique(np.array(keys, dtype=np.int64) * stride + np.array(values, dtype=np.int64))
+    ptr = np.zeros(size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(pair // stride, minlength=size), out=ptr[1:])
+    return ptr, pair % stride
+
+
+def _csr(lists: list) -> tuple[np.ndarray, np.ndarray]:
+    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
+    np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)), out=ptr[1:])
+    values = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(ptr[-1]))
+    return ptr, values
+
+
+def _where(layout: GroupLayout) -> str:
+    n = len(layout.devices)
+    if n == 1:
+        return f"on device {layout.devices[0]}"
+    return f"{OPTIONS[layout.option]} on {n} devices"
+
+
+def _ranges(devices) -> str:
+    """"0-3,6,8-9" for [0, 1, 2, 3, 6, 8, 9]."""
+    out: list[str] = []
+    ids = sorted(int(d) for d in devices)
+    start = prev = None
+    for d in ids + [None]:
+        if d is not None and prev is not None and d == prev + 1:
+            prev = d
+            continue
+        if start is not None:
+            out.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = d
+    return ",".join(out)

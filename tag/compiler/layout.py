@@ -1,0 +1,252 @@
+"""Where each op group runs under a strategy: replicas, batch intervals, model-parallel pieces (TAG §4.3.1).
+
+A group's :class:`GroupLayout` depends only on its own placement row, option and the batch split, so it
+is cached per (group, row) in the :class:`ClusterContext` of the cluster, next to the other
+cluster-dependent tables (effective bandwidths, ring and parameter-server parameters).
+
+**Batch rows as intervals.** The global batch is the interval [0, 1). The R replicas of a batch-split
+group (all-reduce or PS, R ≥ 2) hold consecutive intervals in device order, of lengths equal to their
+batch fractions; a duplicated, model-parallel or single-device group holds [0, 1) on each device.
+
+**Model parallelism.** The ops of the group are divided among its devices by
+:func:`tag.grouping.split_group` (METIS, ``tpwgts`` ∝ peak FLOP/s). A *piece* is the ops of one
+unit on one device; if the pieces of a unit depend on each other in a cycle (ops that go back and forth
+between two devices inside one role), that unit's ops become pieces of their own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import NamedTuple
+
+import numpy as np
+
+from tag.cluster import Cluster
+from tag.cost.comm import hop_bandwidths
+from tag.grouping import quotient_is_dag, split_group
+from tag.strategy import MODEL_PARALLEL, SYNC_OPTIONS, Strategy
+from tag.compiler.tables import CompilerTables
+
+__all__ = ["GroupLayout", "Piece", "ClusterContext", "cluster_context", "group_layout"]
+
+_MAX_CACHED_LAYOUTS = 100_000  # group layouts kept per (grouping, cluster) before the cache is emptied
+
+
+class Piece(NamedTuple):
+    """Ops of one unit of a model-parallel group on one device."""
+
+    unit: int  # the static unit the ops belong to
+    device: int
+    ops: np.ndarray  # op ids, topological
+    duration: float  # seconds on the device, whole batch
+    out_rows: float  # transient output bytes (batch-scaled part, whole batch)
+    out_fixed: float  # transient output bytes that do not scale
+
+
+class GroupLayout(NamedTuple):
+    """One op group under one strategy row. R devices."""
+
+    group: int
+    option: int
+    devices: tuple[int, ...]  # [R] ascending
+    fraction: tuple[float, ...]  # [R] batch fraction each replica computes
+    lo: tuple[float, ...]  # [R] batch interval [lo, hi) each replica holds
+    hi: tuple[float, ...]  # [R]
+    split: bool  # the batch is split among ≥ 2 replicas (all-reduce or PS)
+    durations: np.ndarray  # [units of the group, R] compute seconds (not model-parallel)
+    pieces: tuple[Piece, ...] = ()  # model-parallel only
+    op_device: dict | None = None  # model-parallel only: op id -> device
+    op_piece: dict | None = None  # model-parallel only: op id -> index into pieces
+    key: tuple = ()  # (group, placement row, option, batch split): equal keys, equal layouts
+    block: tuple = ()  # compute tasks, unit-major: (durations, devices, labels, output bytes) lists
+
+    @property
+    def model_parallel(self) -> bool:
+        return self.option == MODEL_PARALLEL and len(self.devices) > 1
+
+
+@dataclass(eq=False)
+class ClusterContext:
+    """Cluster-dependent tables the compiler reads in its inner loops (plain Python lists for speed)."""
+
+    cluster: Cluster
+    tables: CompilerTables
+    beta: list[list[float]]  # [D][D] point-to-point bandwidth, capped by the NICs between machines
+    alpha: list[list[float]]  # [D][D] latency
+    type_index: list[int]  # [D] index into cluster.types
+    machine: list[int]  # [D]
+    nic_out: list[int]  # [D] resource id of the device machine's NIC-out, -1 if unlimited
+    nic_in: list[int]  # [D]
+    nics: list[list[tuple]]  # [D][D] NIC resources a transfer from one device to another holds (sorted)
+    speed: np.ndarray  # [D] peak FLOP/s (for speed splits and model-parallel weights)
+    layouts: dict = field(default_factory=dict)
+    rings: dict = field(default_factory=dict)
+    servers: dict = field(default_factory=dict)
+    mp_splits: dict = field(default_factory=dict)
+    plans: dict = field(default_factory=dict)  # the compiler's per-bundle plans, keyed by bundle and layouts
+    compute_resources: list = field(default_factory=list)  # [D] (device,): a compute task's resources
+    _offsets: dict = field(default_factory=dict)
+
+    def offsets(self, devices: tuple[int, ...]) -> dict:
+        """{device: position} of a replica list; one shared dict per list, so equal lists compare by identity."""
+        found = self._offsets.get(devices)
+        if found is None:
+            found = self._offsets[devices] = {d: k for k, d in enumerate(devices)}
+        return found
+
+    def ring(self, devices: tuple[int, ...]) -> tuple[float, float]:
+        """(slowest hop bandwidth, largest hop latency) of a ring over ``devices`` in order."""
+        found = self.rings.get(devices)
+        if found is None:
+            n = len(devices)
+            hops = [(devices[k], devices[(k + 1) % n]) for k in range(n)]
+            found = (float(hop_bandwidths(self.cluster, hops).min()), max(self.alpha[a][b] for a, b in hops))
+            self.rings[devices] = found
+        return found
+
+    def server(self, devices: tuple[int, ...], ps: int) -> tuple[float, float]:
+        """(largest worker latency, Σ_w 1/β_w) of a parameter server on ``ps`` for the other ``devices``."""
+        key = (devices, ps)
+        found = self.servers.get(key)
+        if found is None:
+            workers = [w for w in devices if w != ps]
+            inverse = sum(1.0 / float(hop_bandwidths(self.cluster, [(w, ps)])[0]) for w in workers)
+            found = (max((self.alpha[w][ps] for w in workers), default=0.0), inverse)
+            self.servers[key] = found
+        return found
+
+
+_CACHE_ATTRIBUTE = "_compiler_contexts"  # where the contexts live on a Cluster (they die with it)
+
+
+def cluster_context(cluster: Cluster, tables: CompilerTables) -> ClusterContext:
+    """The context of ``cluster`` for ``tables`` (layouts hold the tables' compute times), cached."""
+    per_cluster = cluster.__dict__.setdefault(_CACHE_ATTRIBUTE, {})
+    context = per_cluster.get(id(tables))
+    if context is None or context.tables is not tables:
+        context = _make_context(cluster, tables)
+        per_cluster[id(tables)] = context
+    return context
+
+
+def _make_context(cluster: Cluster, tables: CompilerTables) -> ClusterContext:
+    d = cluster.num_devices
+    machine = np.asarray(cluster.machine)
+    nic = np.asarray(cluster.nic_bandwidth, dtype=np.float64)
+    bandwidth = np.asarray(cluster.bandwidth, dtype=np.float64).copy()
+    cross = machine[:, None] != machine[None, :]
+    capped = np.minimum(bandwidth, np.minimum(nic[machine][:, None], nic[machine][None, :]))
+    bandwidth = np.where(cross, capped, bandwidth)
+    nic_out = [2 * d + int(m) if np.isfinite(nic[m]) else -1 for m in machine]
+    nic_in = [2 * d + cluster.num_machines + int(m) if np.isfinite(nic[m]) else -1 for m in machine]
+    nics = [[tuple(sorted(x for x in (nic_out[a], nic_in[b]) if x >= 0)) if machine[a] != machine[b] else ()
+             for b in range(d)] for a in range(d)]
+    return ClusterContext(cluster=cluster, tables=tables, beta=bandwidth.tolist(),
+                          alpha=np.asarray(cluster.latency).tolist(), type_index=np.asarray(cluster.device_type).tolist(),
+                          machine=machine.tolist(), nic_out=nic_out, nic_in=nic_in, nics=nics,
+                          speed=cluster.peak_flops(), compute_resources=[(k,) for k in range(d)])
+
+
+def group_layout(tables: CompilerTables, context: ClusterContext, strategy: Strategy, group: int) -> GroupLayout:
+    """The layout of ``group`` under ``strategy`` (cached per placement row, option and batch split)."""
+    mask = strategy.placement[group]
+    option = int(strategy.option[group])
+    key = (group, mask.tobytes(), option, strategy.batch_split)
+    layout = context.layouts.get(key)
+    if layout is None:
+        if len(context.layouts) > _MAX_CACHED_LAYOUTS:
+            context.layouts.clear()
+        layout = _make_layout(tables, context, group, mask, option, strategy.batch_split)
+        layout = layout._replace(key=key, block=_compute_block(tables, layout))
+        context.layouts[key] = layout
+    return layout
+
+
+def _compute_block(tables: CompilerTables, layout: GroupLayout) -> tuple:
+    """The compute tasks of a replicated group, unit-major then replica: (durations, devices, labels, output
+    bytes), as lists ready to extend the compiler's columns."""
+    if layout.model_parallel:
+        return ()
+    units = tables.group_units[layout.group]
+    r = len(layout.devices)
+    durations = layout.durations.reshape(-1).tolist()
+    devices = list(layout.devices) * len(units)
+    labels = [label for unit in units.tolist() for label in [tables.unit_label[unit]] * r]
+    fraction = np.asarray(layout.fraction)
+    out = (tables.unit_out_rows[units][:, None] * fraction[None, :] + tables.unit_out_fixed[units][:, None])
+    return durations, devices, labels, out.reshape(-1).tolist()
+
+
+def _make_layout(tables: CompilerTables, context: ClusterContext, group: int, mask: np.ndarray, option: int,
+                 batch_split: str) -> GroupLayout:
+    cluster = context.cluster
+    devices = np.flatnonzero(mask[cluster.device_group])
+    r = devices.size
+    split = option in SYNC_OPTIONS and r >= 2
+    if split:
+        weight = context.speed[devices] if batch_split == "speed" else np.ones(r)
+        fraction = weight / weight.sum()
+        hi = np.cumsum(fraction)
+        hi[-1] = 1.0
+        lo = np.concatenate([[0.0], hi[:-1]])
+    else:
+        fraction, lo, hi = np.ones(r), np.zeros(r), np.ones(r)
+    device_types = np.asarray(context.type_index)[devices]
+    units = tables.group_units[group]
+    base = dict(group=group, option=option, devices=tuple(devices.tolist()), fraction=tuple(fraction.tolist()),
+                lo=tuple(lo.tolist()), hi=tuple(hi.tolist()), split=split)
+    if option == MODEL_PARALLEL and r > 1:
+        pieces, op_device, op_piece = _model_parallel_pieces(tables, context, group, tuple(devices.tolist()))
+        return GroupLayout(**base, durations=np.zeros((0, r)), pieces=pieces, op_device=op_device, op_piece=op_piece)
+    durations = tables.unit_time_fixed[units][:, device_types] + tables.unit_time_scaled[units][:, device_types] * fraction
+    return GroupLayout(**base, durations=durations)
+
+
+def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]):
+    """Pieces of a model-parallel group: split_group's op → device map, cut by units (module docstring)."""
+    key = (group, devices)
+    cached = context.mp_splits.get(key)
+    if cached is not None:
+        return cached
+    gg = tables.group_graph
+    graph = gg.op_graph
+    ops = gg.group_members(group)
+    speeds = context.speed[list(devices)]
+    gpu = context.cluster.gpu(devices[0])
+    where = split_group(graph, ops, speeds, cost=gg.cost, gpu=gpu)  # [len(ops)] index into devices
+    op_device = {int(op): devices[int(k)] for op, k in zip(ops.tolist(), where.tolist())}
+    pieces: list[Piece] = []
+    op_piece: dict[int, int] = {}
+    kept_rows, kept_fixed = tables.op_out_rows, tables.op_out_fixed
+    for unit in tables.group_units[group].tolist():
+        unit_ops = tables.unit_ops[unit]
+        device_of = np.array([op_device[int(op)] for op in unit_ops])
+        if not _pieces_acyclic(graph, unit_ops, device_of):
+            groups = [np.array([op]) for op in unit_ops.tolist()]
+        else:
+            groups = [unit_ops[device_of == d] for d in devices if (device_of == d).any()]
+        for piece_ops in groups:
+            device = op_device[int(piece_ops[0])]
+            t = context.type_index[device]
+            duration = float(tables.op_time_fixed[piece_ops, t].sum() + tables.op_time_scaled[piece_ops, t].sum())
+            for op in piece_ops.tolist():
+                op_piece[op] = len(pieces)
+            pieces.append(Piece(unit, device, piece_ops, duration, float(kept_rows[piece_ops].sum()),
+                                float(kept_fixed[piece_ops].sum())))
+    result = (tuple(pieces), op_device, op_piece)
+    context.mp_splits[key] = result
+    return result
+
+
+def _pieces_acyclic(graph, unit_ops: np.ndarray, device_of: np.ndarray) -> bool:
+    if np.unique(device_of).size <= 1:
+        return True
+    local = {int(op): k for k, op in enumerate(unit_ops.tolist())}
+    src, dst = [], []
+    for k, op in enumerate(unit_ops.tolist()):
+        for succ in graph.successors(op).tolist():
+            j = local.get(succ)
+            if j is not None:
+                src.append(k)
+                dst.append(j)
+    return quotient_is_dag(np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), device_of)

@@ -1,0 +1,368 @@
+"""tag.compiler: hand-computed plans, inserted ops, memory, the checker, and the fast path against the reference."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from tag.cluster import Cluster, gpu_type, resolve_cluster
+from tag.compiler import (
+    ADAM_COPIES,
+    CompileCheckError,
+    CompileError,
+    check_compiled,
+    compile_strategy,
+    random_strategy,
+)
+from tag.cost import CostModel
+from tag.graph import ROLE_BACKWARD, ROLE_FORWARD, ROLE_INPUT, ROLE_OPTIMIZER, OpGraph
+from tag.graph.resolve import resolve_model
+from tag.grouping import GroupGraph, group_ops
+from tag.sim import OOMError, TASK_COLLECTIVE, TASK_TRANSFER, simulate, simulate_fast
+from tag.strategy import ALLREDUCE, DUPLICATE, MODEL_PARALLEL, PS, Strategy
+
+GB = 1e9
+CONCAT, SUM, NONE = 0, 1, 2
+GRANULARITIES = ["group", "part", "op"]
+
+
+def make_cluster(num_devices, device_group, *, machine=None, gpus=None, bandwidth=10 * GB, latency=5e-6):
+    """Devices with explicit device groups; one bandwidth and latency between every pair, no shared NIC."""
+    gpus = gpus or ["v100-32gb"] * num_devices
+    types = tuple(dict.fromkeys(gpus))
+    table = np.full((num_devices, num_devices), float(bandwidth))
+    return Cluster(name="test", types=types, device_type=np.array([types.index(g) for g in gpus]),
+                   machine=np.asarray(machine if machine is not None else [0] * num_devices),
+                   bandwidth=table, latency=np.full(table.shape, latency), device_group=np.asarray(device_group))
+
+
+def graph_of(ops, edges, *, batch_size=4):
+    """An OpGraph from (name, role, split, batch_scaled, flops, output_bytes, param_bytes) rows and (a, b, bytes)
+    edges; bytes_accessed 0, so an op's time is launch + f · flops / (peak · efficiency)."""
+    return OpGraph(
+        names=[o[0] for o in ops], kinds=["test"] * len(ops), role=[o[1] for o in ops], split=[o[2] for o in ops],
+        batch_scaled=[o[3] for o in ops], flops=[o[4] for o in ops], bytes_accessed=[0.0] * len(ops),
+        output_bytes=[o[5] for o in ops], param_bytes=[o[6] for o in ops],
+        edge_src=[e[0] for e in edges], edge_dst=[e[1] for e in edges], edge_bytes=[e[2] for e in edges],
+        batch_size=batch_size,
+    )
+
+
+def op_time(graph, op, gpu, fraction=1.0):
+    return float(CostModel().op_times(graph, gpu, fraction)[op])
+
+
+# ------------------------------------------------------------------------------------------ hand-computed plans
+
+
+@pytest.fixture
+def chain():
+    """x (the batch) -> a -> b, a's output 0.8 GB at the reference batch; groups {x, a} and {b}."""
+    graph = graph_of(
+        [("x", ROLE_INPUT, CONCAT, True, 0.0, 4e6, 0.0),
+         ("a", ROLE_FORWARD, CONCAT, True, 1e12, 8e8, 0.0),
+         ("b", ROLE_FORWARD, CONCAT, True, 2e12, 4e6, 0.0)],
+        [(0, 1, 4e6), (1, 2, 8e8)])
+    return graph, np.array([0, 0, 1])
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_two_ops_on_two_devices_over_one_link(chain, granularity):
+    graph, assignment = chain
+    cluster = make_cluster(2, [0, 1])
+    gg = GroupGraph.from_assignment(graph, assignment, gpus=cluster)
+    strategy = Strategy.from_cluster(cluster, [[1, 0], [0, 1]], [DUPLICATE, DUPLICATE])
+    plan = compile_strategy(gg, strategy, cluster, granularity=granularity)
+    v100 = gpu_type("v100-32gb")
+    expected = op_time(graph, 1, v100) + (5e-6 + 8e8 / (10 * GB)) + op_time(graph, 2, v100)
+    for run in (simulate, simulate_fast):
+        assert run(plan.taskgraph).iteration_time == pytest.approx(expected, rel=1e-12)
+    [transfer] = plan.inserted
+    assert (transfer.op, transfer.producer_group, transfer.group, transfer.devices) == ("Transfer", 0, 1, (0, 1))
+    assert transfer.nbytes == 8e8 and len(transfer.tasks) == 1
+    check_compiled(plan)
+
+
+@pytest.mark.parametrize("granularity", ["group", "op"])
+def test_split_sends_each_replica_its_rows(chain, granularity):
+    """b replicated on devices 1 and 2 (even batch): each gets half of a's rows from device 0, in parallel."""
+    graph, assignment = chain
+    cluster = make_cluster(3, [0, 1, 1])
+    gg = GroupGraph.from_assignment(graph, assignment, gpus=cluster)
+    plan = compile_strategy(gg, Strategy.from_cluster(cluster, [[1, 0], [0, 1]], [DUPLICATE, ALLREDUCE]), cluster,
+                            granularity=granularity)
+    v100 = gpu_type("v100-32gb")
+    expected = op_time(graph, 1, v100) + 5e-6 + 4e8 / (10 * GB) + op_time(graph, 2, v100, 0.5)
+    assert simulate(plan.taskgraph).iteration_time == pytest.approx(expected, rel=1e-12)
+    [split] = plan.inserted
+    assert split.op == "Split" and split.nbytes == pytest.approx(8e8) and len(split.tasks) == 2
+    rows = sorted((d.dst, d.lo, d.hi) for d in plan.deliveries)
+    assert rows == [(1, 0.0, 0.5), (2, 0.5, 1.0)]
+    check_compiled(plan)
+
+
+def test_concat_gathers_replicated_rows(chain):
+    """a replicated on devices 1 and 2, b alone on device 0: each half of a's output comes to device 0."""
+    graph, assignment = chain
+    cluster = make_cluster(3, [0, 1, 1])
+    gg = GroupGraph.from_assignment(graph, assignment, gpus=cluster)
+    plan = compile_strategy(gg, Strategy.from_cluster(cluster, [[0, 1], [1, 0]], [ALLREDUCE, DUPLICATE]), cluster)
+    v100 = gpu_type("v100-32gb")
+    expected = op_time(graph, 1, v100, 0.5) + 5e-6 + 4e8 / (10 * GB) + op_time(graph, 2, v100)
+    assert simulate_fast(plan.taskgraph).iteration_time == pytest.approx(expected, rel=1e-12)
+    assert [op.op for op in plan.inserted] == ["Concat"]
+    check_compiled(plan)
+
+
+def test_uneven_layouts_overlap_rows(chain):
+    """a on 2 replicas, b on 3 (speed split off): rows move by overlap of [0, 1/2), [1/2, 1) with thirds."""
+    graph, assignment = chain
+    cluster = make_cluster(5, [0, 0, 1, 1, 1])
+    gg = GroupGraph.from_assignment(graph, assignment, gpus=cluster)
+    plan = compile_strategy(gg, Strategy.from_cluster(cluster, [[1, 0], [0, 1]], [ALLREDUCE, ALLREDUCE]), cluster)
+    moved = sorted((d.src, d.dst, round(d.lo, 6), round(d.hi, 6)) for d in plan.deliveries)
+    assert moved == [(0, 2, 0.0, round(1 / 3, 6)), (0, 3, round(1 / 3, 6), 0.5), (1, 3, 0.5, round(2 / 3, 6)),
+                     (1, 4, round(2 / 3, 6), 1.0)]
+    assert sum(plan.taskgraph.nbytes[d.task] for d in plan.deliveries) == pytest.approx(8e8)
+    check_compiled(plan)
+
+
+@pytest.fixture
+def one_layer():
+    """W (a parameter of P bytes), x -> f (forward) -> g (weight gradient, sum class) -> u (Adam update of W)."""
+    param = 4e8
+    graph = graph_of(
+        [("W", ROLE_INPUT, NONE, False, 0.0, param, param),
+         ("x", ROLE_INPUT, CONCAT, True, 0.0, 4e6, 0.0),
+         ("f", ROLE_FORWARD, CONCAT, True, 3e12, 1e6, 0.0),
+         ("g", ROLE_BACKWARD, SUM, True, 6e12, param, 0.0),
+         ("u", ROLE_OPTIMIZER, NONE, False, 1e10, param, 0.0)],
+        [(0, 2, param), (1, 2, 4e6), (2, 3, 1e6), (3, 4, param), (0, 4, param)])
+    return graph, param
+
+
+@pytest.mark.parametrize("granularity", GRANULARITIES)
+def test_ps_against_allreduce_by_hand(one_layer, granularity):
+    graph, param = one_layer
+    beta, alpha = 10 * GB, 5e-6
+    cluster = make_cluster(3, [0, 0, 0], bandwidth=beta, latency=alpha)
+    gg = GroupGraph.from_assignment(graph, np.zeros(5, dtype=int), gpus=cluster)
+    v100 = gpu_type("v100-32gb")
+    compute = op_time(graph, 2, v100, 1 / 3) + op_time(graph, 3, v100, 1 / 3) + op_time(graph, 4, v100)
+    allreduce = 2 * (2 / 3) * param / beta + 2 * 2 * alpha  # ring over 3 devices
+    ps = 2 * (alpha + 2 * param / beta)  # 2 workers push then pull through the server's link
+    times = {}
+    for option in (ALLREDUCE, PS):
+        plan = compile_strategy(gg, Strategy.from_cluster(cluster, [[1]], [option]), cluster, granularity=granularity)
+        times[option] = simulate(plan.taskgraph).iteration_time
+        [sync] = plan.inserted
+        assert sync.op == ("AllReduce" if option == ALLREDUCE else "PS") and sync.devices == (0, 1, 2)
+        assert "weight gradients of group 0 replicated on 3 devices" in sync.reason
+        check_compiled(plan)
+    assert times[ALLREDUCE] == pytest.approx(compute + allreduce, rel=1e-12)
+    assert times[PS] == pytest.approx(compute + ps, rel=1e-12)
+    assert "parameter server(s) on device(s) [0]" in sync.reason  # group 0, first gradient: replica 0
+    duplicate = compile_strategy(gg, Strategy.from_cluster(cluster, [[1]], [DUPLICATE]), cluster)
+    assert duplicate.inserted == []  # every copy computes the whole batch: nothing to synchronise
+    whole = op_time(graph, 2, v100) + op_time(graph, 3, v100) + op_time(graph, 4, v100)
+    assert simulate_fast(duplicate.taskgraph).iteration_time == pytest.approx(whole, rel=1e-12)
+
+
+def test_gradient_read_by_another_group_is_reduced_by_addn(one_layer):
+    """g's partials (f, g on devices 0-2) are read whole by u on device 3: AddN at one root, then sent on."""
+    graph, param = one_layer
+    cluster = make_cluster(4, [0, 0, 0, 1])
+    gg = GroupGraph.from_assignment(graph, np.array([0, 0, 0, 0, 1]), gpus=cluster)
+    plan = compile_strategy(gg, Strategy.from_cluster(cluster, [[1, 0], [0, 1]], [ALLREDUCE, DUPLICATE]), cluster)
+    kinds = sorted((d.kind, d.src, d.dst) for d in plan.deliveries if d.uses)
+    partials = [k for k in kinds if k[0] == "partial"]
+    assert partials == [("partial", 0, 3), ("partial", 1, 3), ("partial", 2, 3)]
+    assert any(op.op == "AddN" for op in plan.inserted)
+    check_compiled(plan)
+
+
+def test_persistent_memory_and_oom_name_the_device(one_layer):
+    graph, param = one_layer
+    big = dataclasses.replace(graph, param_bytes=graph.param_bytes * 8)  # 3.2 GB of parameters
+    cluster = make_cluster(1, [0], gpus=["1080ti"])  # 11 GB
+    gg = GroupGraph.from_assignment(big, np.zeros(5, dtype=int), gpus=cluster)
+    plan = compile_strategy(gg, Strategy.from_cluster(cluster, [[1]], [DUPLICATE]), cluster)
+    assert plan.persistent_bytes.tolist() == [ADAM_COPIES * 8 * param]
+    result = simulate(plan.taskgraph)
+    # persistent parameter + gradient + two moments, and f's activation while g runs
+    assert result.peak_memory[0] == pytest.approx(ADAM_COPIES * 8 * param + 1e6)
+    assert not result.feasible and result.oom_device == 0
+    with pytest.raises(OOMError, match=r"device 0 \(1080ti"):
+        plan.simulate(raise_on_oom=True)
+
+
+def test_data_parallel_memory_is_four_copies_of_the_parameters_per_device():
+    graph = resolve_model("bert-large", tiny=True)
+    cluster = resolve_cluster("tag-testbed")
+    gg = group_ops(graph, num_groups=20, gpus=cluster)
+    plan = compile_strategy(gg, Strategy.data_parallel(gg.num_groups, cluster), cluster)
+    assert np.allclose(plan.persistent_bytes, ADAM_COPIES * graph.total_param_bytes())
+    assert (simulate_fast(plan.taskgraph).peak_memory >= plan.persistent_bytes).all()
+
+
+# ------------------------------------------------------------------------------------------ inserted ops
+
+
+@pytest.fixture(scope="module")
+def bert_tiny():
+    graph = resolve_model("bert-large", tiny=True)
+    cluster = resolve_cluster("tag-testbed")
+    return group_ops(graph, num_groups=30, gpus=cluster), cluster
+
+
+def test_data_parallel_inserts_only_allreduces(bert_tiny):
+    gg, cluster = bert_tiny
+    plan = compile_strategy(gg, Strategy.data_parallel(gg.num_groups, cluster), cluster)
+    assert {op.op for op in plan.inserted} == {"AllReduce"}
+    assert (plan.taskgraph.kind != TASK_TRANSFER).all()
+    reasons = [op.reason for op in plan.inserted]
+    assert any("weight gradients of group" in r and "replicated on 16 devices (option allreduce)" in r for r in reasons)
+    record = plan.inserted_ops()[0]
+    assert set(record) == {"op", "group", "producer_group", "devices", "bytes", "tensors", "tasks", "reason"}
+    assert record["devices"] == list(range(16))
+    text = plan.format()
+    assert "AllReduce" in text and "device(s) 0-15" in text
+
+
+def test_fusion_merges_gradient_allreduces_into_buckets(bert_tiny):
+    gg, cluster = bert_tiny
+    strategy = Strategy.data_parallel(gg.num_groups, cluster)
+    plain = compile_strategy(gg, strategy, cluster)
+    fused = compile_strategy(gg, strategy, cluster, fusion_bytes=25e6)
+    count = lambda p: int((p.taskgraph.kind == TASK_COLLECTIVE).sum())  # noqa: E731
+    assert count(fused) < count(plain)
+    total = lambda p: p.taskgraph.nbytes[p.taskgraph.kind == TASK_COLLECTIVE].sum()  # noqa: E731
+    assert total(fused) == pytest.approx(total(plain))
+    check_compiled(fused)
+    assert simulate_fast(fused.taskgraph).iteration_time <= simulate_fast(plain.taskgraph).iteration_time
+
+
+def test_model_parallel_group_cuts_become_transfers(bert_tiny):
+    gg, cluster = bert_tiny
+    placement = np.zeros((gg.num_groups, cluster.num_device_groups), dtype=bool)
+    placement[:, 0] = True  # the 4 V100s of machine 0
+    plan = compile_strategy(gg, Strategy.from_cluster(cluster, placement, [MODEL_PARALLEL] * gg.num_groups), cluster)
+    assert any("inside model-parallel group" in op.reason for op in plan.inserted)
+    devices = {plan.op_devices(op)[0] for op in range(gg.op_graph.num_ops)}
+    assert devices <= {0, 1, 2, 3} and len(devices) > 1
+    check_compiled(plan)
+
+
+def test_bad_strategies_are_refused(bert_tiny):
+    gg, cluster = bert_tiny
+    with pytest.raises(CompileError, match="granularity"):
+        compile_strategy(gg, Strategy.data_parallel(gg.num_groups, cluster), cluster, granularity="layer")
+    with pytest.raises(CompileError, match="op groups"):
+        compile_strategy(gg, Strategy.data_parallel(gg.num_groups + 1, cluster), cluster)
+    with pytest.raises(CompileError, match="device groups"):
+        other = resolve_cluster("tag-cloud")
+        compile_strategy(gg, Strategy.data_parallel(gg.num_groups, other), cluster)
+
+
+# ------------------------------------------------------------------------------------------ the checker
+
+TINY_MODELS = ["resnet101", "bert-large", "mmt", "vgg19"]
+
+
+@pytest.mark.parametrize("model", TINY_MODELS)
+@pytest.mark.parametrize("cluster_name", ["tag-testbed", "tag-random:seed=7"])
+def test_checker_accepts_random_strategies(model, cluster_name):
+    """13 strategies x 4 models x 2 clusters = 104, each at group granularity (and every fourth at op level)."""
+    graph = resolve_model(model, tiny=True)
+    cluster = resolve_cluster(cluster_name)
+    gg = group_ops(graph, num_groups=40, gpus=cluster)
+    for k in range(13):
+        strategy = random_strategy(gg.num_groups, cluster, seed=k, p_place=(0.25, 0.5, 0.8)[k % 3])
+        for granularity in ("group", "op") if k % 4 == 0 else ("group",):
+            check_compiled(compile_strategy(gg, strategy, cluster, granularity=granularity))
+
+
+def _without_dependency(plan, task, on):
+    """The plan with ``task`` no longer waiting for ``on``."""
+    tg = plan.taskgraph
+    deps = [tg.predecessors(t).tolist() for t in range(tg.num_tasks)]
+    deps[task] = [d for d in deps[task] if d != on]
+    ptr = np.zeros(tg.num_tasks + 1, dtype=np.int64)
+    np.cumsum([len(d) for d in deps], out=ptr[1:])
+    broken = dataclasses.replace(tg, dep_ptr=ptr, dep=np.array([d for ds in deps for d in ds], dtype=np.int64))
+    return dataclasses.replace(plan, taskgraph=broken)
+
+
+def test_checker_catches_broken_compilations(chain, one_layer):
+    graph, assignment = chain
+    cluster = make_cluster(5, [0, 0, 1, 1, 1])
+    gg = GroupGraph.from_assignment(graph, assignment, gpus=cluster)
+    plan = compile_strategy(gg, Strategy.from_cluster(cluster, [[1, 0], [0, 1]], [ALLREDUCE, ALLREDUCE]), cluster)
+    check_compiled(plan)
+    first = plan.deliveries[0]
+    with pytest.raises(CompileCheckError, match=r"misses rows \[0, 0.333333\)"):  # a transfer dropped
+        check_compiled(plan.with_deliveries(plan.deliveries[1:]))
+    with pytest.raises(CompileCheckError, match="twice"):  # a row range sent twice
+        check_compiled(plan.with_deliveries(plan.deliveries + [first]))
+    widened = first._replace(hi=first.hi + 0.1)
+    with pytest.raises(CompileCheckError, match="that none of its readers needs"):  # rows nobody asked for
+        check_compiled(plan.with_deliveries([widened] + plan.deliveries[1:]))
+    consumer = plan.op_task(2, first.dst)
+    with pytest.raises(CompileCheckError, match="misses rows"):  # the consumer does not wait for the transfer
+        check_compiled(_without_dependency(plan, consumer, first.task))
+
+    graph, _ = one_layer
+    cluster = make_cluster(3, [0, 0, 0])
+    gg = GroupGraph.from_assignment(graph, np.zeros(5, dtype=int), gpus=cluster)
+    plan = compile_strategy(gg, Strategy.from_cluster(cluster, [[1]], [ALLREDUCE]), cluster)
+    check_compiled(plan)
+    [reduce] = plan.deliveries
+    with pytest.raises(CompileCheckError, match="misses the partial"):  # the gradient never synchronised
+        check_compiled(plan.with_deliveries([]))
+    with pytest.raises(CompileCheckError, match="more than once"):
+        check_compiled(plan.with_deliveries([reduce, reduce]))
+
+
+# ------------------------------------------------------------------------------------------ fast path vs reference
+
+AGREEMENT_MODELS = ["vgg19", "candle-uno", "dlrm"]
+AGREEMENT_CLUSTERS = ["tag-testbed", "tag-cloud", "tag-random:seed=3"]
+STRATEGIES_PER_CASE = 23  # 3 models x 3 clusters x 23 = 207 strategies
+
+
+@pytest.mark.slow
+def test_fast_path_agrees_with_reference():
+    """The same strategy compiled at group granularity and run by the fast path, and at op granularity run
+    by the event-driven reference, on 207 seeded random strategies (3 full-size small models x 3 clusters).
+
+    94 % agree within 3 % (median 0.07 %). The rest are list-scheduling anomalies of the FIFO queues, not
+    modelling differences: both granularities do the same work on the same resources (same bytes per link,
+    same collective and compute seconds), but a strict FIFO is discontinuous in ready times. When a
+    transfer becomes ready a few milliseconds later (at op level its producer shares the device with
+    other groups' ops; at group level the ops between two boundary tensors run as one task), it can queue
+    behind seconds of another transfer on a shared NIC, or two collectives over overlapping devices pack
+    in the other order. Example: candle-uno on tag-cloud, seed 11009: a 49 kB transfer 16 -> 22 into group
+    27 is ready at 8.839 s in the group plan and at 8.846 s in the op plan, starts at 8.881 s and at
+    13.393 s, and the iterations take 21.4 s and 26.0 s. The reference shows the same jumps by itself: perturbing its
+    task durations by 0.1 % moves some iterations by 4 %. Only op granularity removes them entirely.
+    """
+    errors = []
+    for m, model in enumerate(AGREEMENT_MODELS):
+        graph = resolve_model(model)
+        for c, name in enumerate(AGREEMENT_CLUSTERS):
+            cluster = resolve_cluster(name)
+            gg = group_ops(graph, num_groups=60, gpus=cluster)
+            for k in range(STRATEGIES_PER_CASE):
+                strategy = random_strategy(gg.num_groups, cluster, seed=10000 * m + 1000 * c + k)
+                fast = simulate_fast(compile_strategy(gg, strategy, cluster).taskgraph, feedback=False)
+                reference = simulate(compile_strategy(gg, strategy, cluster, granularity="op").taskgraph,
+                                     feedback=False)
+                errors.append(fast.iteration_time / reference.iteration_time - 1)
+    errors = np.abs(errors)
+    assert len(errors) >= 200
+    assert (errors <= 0.03).mean() >= 0.9, f"only {(errors <= 0.03).mean():.1%} within 3 %"
+    assert np.median(errors) <= 0.002
+    assert np.quantile(errors, 0.95) <= 0.05
+    assert errors.max() <= 0.25
