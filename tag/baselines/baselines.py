@@ -28,13 +28,13 @@ import dataclasses
 from typing import Any, NamedTuple
 
 import numpy as np
-import pymetis
 
 from tag.cluster import Cluster
 from tag.compiler import DEFAULT_FUSION_BYTES, CompiledPlan, compile_strategy
 from tag.cost import CostModel
 from tag.graph.opgraph import OpGraph
 from tag.grouping import DEFAULT_NUM_GROUPS, GroupGraph, group_ops, split_group
+from tag.grouping.metis import metis_parts
 from tag.strategy import ALLREDUCE, Strategy
 
 __all__ = [
@@ -163,22 +163,13 @@ def metis_mp(group_graph: GroupGraph, cluster: Cluster, *, cost: CostModel | Non
 def _metis_assignment(group_graph: GroupGraph, cluster: Cluster, speeds: np.ndarray, *, seed: int) -> np.ndarray:
     """[G] device of each group: METIS k-way over the undirected group graph with ``tpwgts`` ∝ speed."""
     graph = group_graph.graph
-    g = graph.num_ops
-    lo, hi = np.minimum(graph.edge_src, graph.edge_dst), np.maximum(graph.edge_src, graph.edge_dst)
-    pair, inverse = np.unique(lo * g + hi, return_inverse=True)
-    weight = np.bincount(inverse, weights=graph.edge_bytes, minlength=pair.size)
-    a, b = pair // g, pair % g
-    ends, others = np.concatenate([a, b]), np.concatenate([b, a])
-    order = np.lexsort((others, ends))
-    xadj = np.zeros(g + 1, dtype=np.int64)
-    np.cumsum(np.bincount(ends, minlength=g), out=xadj[1:])
-    scale = lambda x: np.maximum(1, np.rint(x * (2**30 / max(x.sum(), 1e-30)))).astype(np.int64)  # noqa: E731
     compute = group_graph.compute_table(cluster).mean(axis=1)
-    _, part = pymetis.part_graph(cluster.num_devices, pymetis.CSRAdjacency(xadj, others[order]),
-                                 vweights=scale(compute), eweights=scale(np.concatenate([weight, weight])[order]),
-                                 tpwgts=list(speeds / speeds.sum()), recursive=False,
-                                 options=pymetis.Options(seed=int(seed)))
-    return np.asarray(part, dtype=np.int64)
+    return metis_parts(graph.num_ops, graph.edge_src, graph.edge_dst, graph.edge_bytes, compute, cluster.num_devices,
+                       ufactor=_METIS_DEFAULT_UFACTOR, seed=seed, tpwgts=speeds / speeds.sum())
+
+
+# METIS's own default imbalance for k-way partitioning (3%).
+_METIS_DEFAULT_UFACTOR = 30
 
 
 BASELINES = {"dp-nccl": dp_nccl, "dp-nccl-p": dp_nccl_p, "horovod": horovod, "single-device": single_device,

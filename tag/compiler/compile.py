@@ -52,12 +52,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import itertools
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
 
+from tag._arrays import csr_from_lists
 from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.graph.opgraph import ROLE_OPTIMIZER
@@ -468,7 +468,7 @@ class _Compiler:
         else:
             holders, h_lo, h_hi, p_split = layout_p.devices, layout_p.lo, layout_p.hi, layout_p.split
         if layout_c.model_parallel:
-            stride, base = self.tables.piece_stride, self._piece_unit(b.consumer_group, 0)
+            base = self._piece_unit(b.consumer_group, 0)
             targets = list(dict.fromkeys(layout_c.pieces[u - base].device for u in b.consumer_units))
         else:
             targets = list(layout_c.devices)
@@ -811,7 +811,7 @@ class _Compiler:
         resource_b = [-1] * (2 * d + 2 * m) + [b for (_, b), _ in links]
         num_tasks = len(self.kind)
         dep_ptr, dep = _pairs_csr(self.dep_task, self.dep_on, num_tasks, num_tasks)
-        res_ptr, res = _csr(self.res)
+        res_ptr, res = csr_from_lists(self.res)
         consumer_ptr, consumer = _pairs_csr(self.read_tensor, self.read_task, len(self.tensor_device), num_tasks)
         names = list(map("{}@{}#{}".format, self.labels, self.device, range(num_tasks)))
         return TaskGraph(
@@ -866,13 +866,6 @@ def _pairs_csr(keys: list[int], values: list[int], size: int, stride: int) -> tu
     ptr = np.zeros(size + 1, dtype=np.int64)
     np.cumsum(np.bincount(pair // stride, minlength=size), out=ptr[1:])
     return ptr, pair % stride
-
-
-def _csr(lists: list) -> tuple[np.ndarray, np.ndarray]:
-    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
-    np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)), out=ptr[1:])
-    values = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(ptr[-1]))
-    return ptr, values
 
 
 def _where(layout: GroupLayout) -> str:

@@ -126,7 +126,7 @@ def group_ops(graph: OpGraph, *, num_groups: int = DEFAULT_NUM_GROUPS, ufactor: 
         info.update(chosen="atoms", metis_cut_bytes=float(edge_bytes.sum()))
         return GroupGraph.from_assignment(graph, group[atom], gpus=types, cost=cost, info=info)
 
-    part = _metis_parts(num_atoms, src, dst, edge_bytes, atom_time, num_groups, ufactor=ufactor,
+    part = metis_parts(num_atoms, src, dst, edge_bytes, atom_time, num_groups, ufactor=ufactor,
                         seed=_metis_seed(seed))
     repaired, stats = repair_acyclic(num_atoms, src, dst, edge_bytes, atom_time, part, max_groups=num_groups)
     chunks = topological_chunks(dag_order(num_atoms, src, dst), atom_time, num_groups)
@@ -261,9 +261,13 @@ def _integer_weights(values: np.ndarray) -> np.ndarray:
     return np.maximum(1, np.rint(values * (_METIS_WEIGHT_TOTAL / total))).astype(np.int64)
 
 
-def _metis_parts(num_nodes: int, src: np.ndarray, dst: np.ndarray, edge_bytes: np.ndarray, weight: np.ndarray,
+def metis_parts(num_nodes: int, src: np.ndarray, dst: np.ndarray, edge_bytes: np.ndarray, weight: np.ndarray,
                  num_parts: int, *, ufactor: int, seed: int, tpwgts: Sequence[float] | None = None) -> np.ndarray:
-    """[K] METIS k-way part of each node of the graph made undirected (parallel edges merged)."""
+    """[K] METIS k-way part of each node of the graph made undirected (parallel edges merged).
+
+    ``weight`` [K] node weights and ``edge_bytes`` [E] edge weights are scaled to integers; ``tpwgts``
+    gives each part's target share of the total node weight (None: equal shares).
+    """
     lo, hi = np.minimum(src, dst), np.maximum(src, dst)
     keep = lo != hi
     pair, inverse = np.unique(lo[keep] * num_nodes + hi[keep], return_inverse=True)
@@ -366,7 +370,7 @@ def split_group(graph: OpGraph, group_ops: Sequence[int] | np.ndarray, device_sp
     if ops.size < _MIN_OPS_PER_DEVICE * speeds.size:
         log.debug("split_group: %d ops for %d devices; greedy split", ops.size, speeds.size)
         return greedy
-    device = _metis_parts(ops.size, src, dst, edge_bytes, weight, speeds.size, ufactor=ufactor,
+    device = metis_parts(ops.size, src, dst, edge_bytes, weight, speeds.size, ufactor=ufactor,
                           seed=_metis_seed(seed), tpwgts=speeds / speeds.sum())
     if convex and not quotient_is_dag(src, dst, device):
         piece, _ = repair_acyclic(ops.size, src, dst, edge_bytes, weight, device, max_groups=speeds.size)

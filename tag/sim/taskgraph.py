@@ -33,10 +33,11 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Iterable, NamedTuple, Sequence
+from typing import Iterable, NamedTuple
 
 import numpy as np
 
+from tag._arrays import csr_from_lists
 from tag.cluster import Cluster
 from tag.sim.errors import TaskGraphError
 
@@ -65,14 +66,6 @@ RESOURCE_KINDS = ("compute", "comm", "nic_out", "nic_in", "link")
 RES_COMPUTE, RES_COMM, RES_NIC_OUT, RES_NIC_IN, RES_LINK = range(5)
 NO_GROUP = -1  # a task that belongs to no op group / stage
 NO_TASK = -1  # a tensor without a producer; a transfer's peer for tasks that are not transfers
-
-
-def _csr(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
-    """(ptr [len+1], values [sum of lengths]) of a list of int lists."""
-    ptr = np.zeros(len(lists) + 1, dtype=np.int64)
-    np.cumsum([len(x) for x in lists], out=ptr[1:])
-    values = np.fromiter((v for x in lists for v in x), dtype=np.int64, count=int(ptr[-1]))
-    return ptr, values
 
 
 class _Plan(NamedTuple):
@@ -467,9 +460,9 @@ class TaskGraphBuilder:
         resource_kind = [RES_COMPUTE] * d + [RES_COMM] * d + [RES_NIC_OUT] * m + [RES_NIC_IN] * m + [RES_LINK] * len(links)
         resource_a = list(range(d)) * 2 + list(range(m)) * 2 + [a for (a, _), _ in links]
         resource_b = [-1] * (2 * d + 2 * m) + [b for (_, b), _ in links]
-        dep_ptr, dep = _csr([sorted(set(x)) for x in self._deps])
-        res_ptr, res = _csr(self._res)
-        consumer_ptr, consumer = _csr(self._consumers)
+        dep_ptr, dep = csr_from_lists([sorted(set(x)) for x in self._deps])
+        res_ptr, res = csr_from_lists(self._res)
+        consumer_ptr, consumer = csr_from_lists(self._consumers)
         return TaskGraph(
             cluster=self.cluster, names=list(self._names), labels=list(self._labels), kind=self._kind,
             duration=self._duration, device=self._device, peer=self._peer, nbytes=self._nbytes,
