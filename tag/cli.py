@@ -54,19 +54,31 @@ def _batch_size(text: str) -> int:
     return value
 
 
-def _output_path(text: str) -> Path:
-    """Checked before any long work: a graph file name whose folder exists or can be made."""
+def _output_path(text: str, *, flag: str = "--out", suffixes: tuple[str, ...] = (".json", ".json.gz"),
+                 what: str = "graph file") -> Path:
+    """Checked before any long work: a file name with one of ``suffixes`` whose folder exists or can be made."""
     path = Path(text)
+    expected = " or ".join(suffixes)
     if not text or path.is_dir():
-        raise OutputError(f"--out {text!r}: expected a file name ending in .json or .json.gz")
-    if not text.lower().endswith((".json", ".json.gz")):
-        raise OutputError(f"--out {text!r}: the graph file name must end in .json or .json.gz")
+        raise OutputError(f"{flag} {text!r}: expected a file name ending in {expected}")
+    if not text.lower().endswith(suffixes):
+        raise OutputError(f"{flag} {text!r}: the {what} name must end in {expected}")
     for parent in path.parents:
         if parent.exists():
             if not parent.is_dir() or not os.access(parent, os.W_OK):
-                raise OutputError(f"--out {text!r}: cannot write into {str(parent)!r}")
+                raise OutputError(f"{flag} {text!r}: cannot write into {str(parent)!r}")
             break
     return path
+
+
+def _num_groups(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= 10_000:
+        raise argparse.ArgumentTypeError(f"must be in 1..10000, got {value}")
+    return value
 
 
 # ---------------------------------------------------------------------------------------------- models
@@ -214,6 +226,157 @@ def cmd_trace(args: argparse.Namespace) -> dict:
     return payload
 
 
+# -------------------------------------------------------------------------------------- simulate
+def _write_views(args: argparse.Namespace, result, taskgraph, title: str) -> dict:
+    """The Chrome trace and Gantt chart asked for by --trace / --gantt; returns the paths written."""
+    from tag.sim.trace import gantt, to_chrome_trace
+
+    written = {}
+    try:
+        if getattr(args, "trace", None):
+            to_chrome_trace(result, taskgraph, args.trace)
+            written["trace"] = args.trace
+        if getattr(args, "gantt", None):
+            gantt(result, taskgraph, args.gantt, title=title)
+            written["gantt"] = args.gantt
+    except OSError as error:
+        raise OutputError(f"cannot write {error.filename or 'output'}: {error.strerror or error}") from None
+    return written
+
+
+def _check_view_paths(args: argparse.Namespace) -> None:
+    if getattr(args, "trace", None):
+        _output_path(args.trace, flag="--trace", suffixes=(".json",), what="Chrome trace")
+    if getattr(args, "gantt", None):
+        _output_path(args.gantt, flag="--gantt", suffixes=(".png",), what="Gantt chart")
+
+
+def _plan_group_graph(plan, graph, cluster, args: argparse.Namespace):
+    """The grouping a plan file was made with: its stored assignment, or METIS with the plan's group count
+    (checked against the plan's grouping fingerprint when it has one)."""
+    from tag.grouping import GroupGraph, group_ops
+    from tag.strategy.errors import PlanMismatchError
+    from tag.strategy.fingerprint import grouping_fingerprint
+
+    if plan.assignment is not None:
+        return GroupGraph.from_assignment(graph, plan.assignment, gpus=cluster)
+    group_graph = group_ops(graph, num_groups=plan.strategy.num_groups, gpus=cluster, seed=args.seed)
+    if group_graph.num_groups != plan.strategy.num_groups:
+        raise PlanMismatchError(f"{args.strategy}: METIS gives {group_graph.num_groups} groups for this model, "
+                                f"the plan has {plan.strategy.num_groups} rows and no stored grouping")
+    if plan.grouping_fingerprint and grouping_fingerprint(group_graph.assignment) != plan.grouping_fingerprint:
+        raise PlanMismatchError(f"{args.strategy}: the plan's grouping is not stored and METIS (seed {args.seed}) "
+                                "groups this model differently")
+    return group_graph
+
+
+def _simulation_payload(result, taskgraph, cluster, batch_size: int) -> dict:
+    capacity = cluster.memory_bytes()
+    return {
+        "iteration_time_s": float(result.iteration_time),
+        "samples_per_s": batch_size / result.iteration_time if result.iteration_time > 0 else None,
+        "feasible": bool(result.feasible),
+        "oom": not result.feasible,
+        "oom_device": int(result.oom_device) if result.oom_device >= 0 else None,
+        "peak_memory_bytes": [float(x) for x in result.peak_memory],
+        "memory_capacity_bytes": [float(x) for x in capacity],
+        "tasks": int(taskgraph.num_tasks),
+    }
+
+
+def cmd_simulate(args: argparse.Namespace) -> dict:
+    from tag.cluster import resolve_cluster
+    from tag.graph.resolve import resolve_model
+    from tag.units import format_bytes, format_time
+
+    if (args.strategy is None) == (args.baseline is None):
+        raise OutputError("give exactly one of --strategy PLAN.json and --baseline NAME")
+    _check_view_paths(args)
+    cluster = resolve_cluster(args.cluster)
+    graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
+    if args.strategy is not None:
+        from tag.compiler import compile_strategy
+        from tag.strategy import load_plan
+
+        plan = load_plan(args.strategy, graph=graph, cluster=cluster)
+        group_graph = _plan_group_graph(plan, graph, cluster, args)
+        compiled = compile_strategy(group_graph, plan.strategy, cluster, granularity=args.granularity)
+        plan_cluster, label = cluster, f"plan {args.strategy}"
+    else:
+        from tag.baselines import BASELINES
+        from tag.grouping import group_ops
+
+        group_graph = group_ops(graph, num_groups=args.num_groups, gpus=cluster, seed=args.seed)
+        baseline = BASELINES[args.baseline](group_graph, cluster, granularity=args.granularity)
+        compiled, plan_cluster, label = baseline.compiled, baseline.plan_cluster, baseline.name
+    result = compiled.simulate(feedback=False)
+    payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "what": label,
+               "granularity": args.granularity, "num_groups": group_graph.num_groups,
+               **_simulation_payload(result, compiled.taskgraph, plan_cluster, graph.batch_size)}
+    if plan_cluster is not cluster:
+        payload["devices_used"] = plan_cluster.name
+    payload["files"] = _write_views(args, result, compiled.taskgraph,
+                                    f"{payload['model']} on {cluster.name}: {label}")
+    if args.json:
+        return payload
+    from rich.table import Table
+
+    console = _console()
+    state = "[green]fits[/]" if result.feasible else f"[red]OOM on device {result.oom_device}[/]"
+    console.print(f"{payload['model']} on {cluster.name}, {label}: iteration {format_time(result.iteration_time)}, "
+                  f"{payload['samples_per_s']:.1f} samples/s, {state} ({payload['tasks']:,} tasks)")
+    table = Table(title="Peak memory per device")
+    for column in ("device", "GPU", "peak", "capacity", "use"):
+        table.add_column(column, justify="right")
+    for d, (peak, cap) in enumerate(zip(payload["peak_memory_bytes"], payload["memory_capacity_bytes"])):
+        share = peak / cap if cap else 0.0
+        colour = "red" if share > 1 else "default"
+        table.add_row(str(d), plan_cluster.gpu(d).name, format_bytes(peak), format_bytes(cap),
+                      f"[{colour}]{share:.0%}[/]")
+    console.print(table)
+    for kind, path in payload["files"].items():
+        console.print(f"wrote {kind}: {path}")
+    return payload
+
+
+# ------------------------------------------------------------------------------------- baselines
+def cmd_baselines(args: argparse.Namespace) -> dict:
+    from tag.baselines import BASELINES, baselines_table, run_baselines
+    from tag.cluster import resolve_cluster
+    from tag.graph.resolve import resolve_model
+    from tag.units import format_bytes, format_time
+
+    names = tuple(args.only.split(",")) if args.only else tuple(BASELINES)
+    unknown = [n for n in names if n not in BASELINES]
+    if unknown:
+        raise OutputError(f"--only: unknown baseline {unknown[0]!r}; expected some of {', '.join(BASELINES)}")
+    cluster = resolve_cluster(args.cluster)
+    graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
+    results = run_baselines(graph, cluster, num_groups=args.num_groups, names=names, seed=args.seed,
+                            granularity=args.granularity)
+    rows = []
+    for key, result, row in zip(names, results, baselines_table(results)):
+        rows.append({**row, "baseline": key, "feasible": not result.oom,
+                     "peak_memory_bytes": [float(x) for x in result.peak_memory]})
+    payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "devices": cluster.num_devices,
+               "batch_size": graph.batch_size, "num_groups": args.num_groups, "baselines": rows}
+    if args.json:
+        return payload
+    from rich.table import Table
+
+    table = Table(title=f"Baselines: {payload['model']} (batch {graph.batch_size}) on {cluster.name} "
+                        f"({cluster.num_devices} devices)")
+    for column in ("baseline", "iteration", "samples/s", "vs DP-NCCL", "max peak memory", "fits", "note"):
+        table.add_column(column, justify="left" if column in ("baseline", "note") else "right")
+    for row in rows:
+        speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
+        fits = "[green]yes[/]" if row["feasible"] else f"[red]OOM (device {row['oom_device']})[/]"
+        table.add_row(row["name"], format_time(row["iteration_time_s"]), f"{row['samples_per_s']:.1f}", speedup,
+                      format_bytes(row["max_peak_memory_bytes"]), fits, row["note"])
+    _console().print(table)
+    return payload
+
+
 # ---------------------------------------------------------------------------------------------- parser
 def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="zoo name, graph .json(.gz), PipeDream graph.txt, or MODULE:FUNCTION")
@@ -245,7 +408,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output graph file (.json or .json.gz)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("simulate", help="simulate one training iteration of a plan file or a baseline")
+    _add_model(p)
+    _add_cluster(p)
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--strategy", metavar="PLAN.json", help="a plan file (from `tag plan --out`)")
+    what.add_argument("--baseline", choices=_baseline_names(), help="a baseline strategy")
+    _add_simulation(p)
+    p.add_argument("--trace", metavar="T.json", help="write a Chrome trace (chrome://tracing, Perfetto)")
+    p.add_argument("--gantt", metavar="G.png", help="draw a Gantt chart")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("baselines", help="simulate the baselines (DP-NCCL, DP-NCCL-P, Horovod, one device, METIS MP)")
+    _add_model(p)
+    _add_cluster(p)
+    _add_simulation(p)
+    p.add_argument("--only", metavar="A,B", help="comma-separated subset of " + ", ".join(_baseline_names()))
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_baselines)
     return parser
+
+
+def _baseline_names() -> list[str]:
+    from tag.baselines import BASELINES
+
+    return list(BASELINES)
+
+
+def _add_cluster(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--cluster", required=True, help="preset NAME[:ARGS] or a YAML/JSON spec file (`tag clusters`)")
+
+
+def _add_simulation(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--num-groups", type=_num_groups, default=60, help="METIS op groups (default 60, as TAG)")
+    parser.add_argument("--granularity", choices=("op", "group", "part"), default="group",
+                        help="task granularity of the compiled plan (op: the exact reference; default group)")
+    parser.add_argument("--seed", type=int, default=0, help="METIS seed")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -161,3 +161,67 @@ def test_batch_size_must_be_positive(capsys):
         main(["show", "resnet101", "--batch-size", "0"])
     assert stop.value.code == 2
     assert "1..2^31" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------- simulate / baselines
+def test_baselines_json_rows(capsys):
+    payload = run_json(capsys, "baselines", "vgg19", "--tiny", "--cluster", "tag-testbed", "--num-groups", "8")
+    rows = payload["baselines"]
+    assert [row["baseline"] for row in rows] == ["dp-nccl", "dp-nccl-p", "horovod", "single-device", "metis-mp"]
+    for row in rows:
+        assert {"name", "iteration_time_s", "oom", "samples_per_s", "peak_memory_bytes"} <= set(row)
+        assert isinstance(row["oom"], bool) and row["iteration_time_s"] > 0
+        assert len(row["peak_memory_bytes"]) == 16
+        assert row["samples_per_s"] == pytest.approx(payload["batch_size"] / row["iteration_time_s"])
+    assert rows[0]["speedup"] == pytest.approx(1.0)
+
+
+def test_baselines_only_subset_and_unknown_name(capsys):
+    payload = run_json(capsys, "baselines", "vgg19", "--tiny", "--cluster", "tag-testbed", "--num-groups", "4",
+                       "--only", "dp-nccl,horovod")
+    assert [row["name"] for row in payload["baselines"]] == ["DP-NCCL", "Horovod"]
+    code, _, err = run(capsys, "baselines", "vgg19", "--tiny", "--cluster", "tag-testbed", "--only", "dp-ncl")
+    assert code == 2 and err.count("\n") == 1 and "dp-ncl" in err
+
+
+def test_simulate_baseline_matches_baselines_and_writes_views(capsys, tmp_path):
+    common = ("vgg19", "--tiny", "--cluster", "tag-testbed", "--num-groups", "8")
+    table = run_json(capsys, "baselines", *common, "--only", "dp-nccl")["baselines"][0]
+    trace, chart = tmp_path / "t.json", tmp_path / "g.png"
+    payload = run_json(capsys, "simulate", *common, "--baseline", "dp-nccl", "--trace", str(trace),
+                       "--gantt", str(chart))
+    assert payload["iteration_time_s"] == pytest.approx(table["iteration_time_s"], rel=1e-12)
+    assert payload["feasible"] and not payload["oom"]
+    assert json.loads(trace.read_text())["traceEvents"]
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["g.png", "t.json"]  # no temporary files left
+
+
+def test_simulate_plan_file_round_trip_and_mismatch(capsys, tmp_path):
+    from tag.cluster import resolve_cluster
+    from tag.compiler import compile_strategy
+    from tag.graph.resolve import resolve_model
+    from tag.grouping import group_ops
+    from tag.strategy import Strategy, make_plan, save_plan
+
+    graph = resolve_model("vgg19", tiny=True)
+    cluster = resolve_cluster("tag-testbed")
+    group_graph = group_ops(graph, num_groups=6, gpus=cluster)
+    strategy = Strategy.data_parallel(6, cluster).with_group(0, [1, 0, 0, 0, 0, 0, 0], "duplicate")
+    expected = compile_strategy(group_graph, strategy, cluster).simulate(feedback=False).iteration_time
+    path = tmp_path / "plan.json"
+    save_plan(make_plan(strategy, graph, cluster, assignment=group_graph.assignment), path)
+    payload = run_json(capsys, "simulate", "vgg19", "--tiny", "--cluster", "tag-testbed", "--strategy", str(path))
+    assert payload["iteration_time_s"] == pytest.approx(expected, rel=1e-12)
+    code, _, err = run(capsys, "simulate", "vgg19", "--tiny", "--cluster", "tag-cloud", "--strategy", str(path))
+    assert code == 2 and err.count("\n") == 1 and "made for cluster 'tag-testbed'" in err
+    code, _, err = run(capsys, "simulate", "resnet101", "--tiny", "--cluster", "tag-testbed", "--strategy", str(path))
+    assert code == 2 and err.count("\n") == 1 and "made for model" in err
+
+
+@pytest.mark.parametrize("flag,name", [("--trace", "t.txt"), ("--gantt", "g.svg")])
+def test_simulate_rejects_bad_view_path_before_work(capsys, tmp_path, flag, name):
+    code, _, err = run(capsys, "simulate", "vgg19", "--tiny", "--cluster", "tag-testbed", "--baseline", "dp-nccl",
+                       flag, str(tmp_path / name))
+    assert code == 2 and err.count("\n") == 1 and flag in err
+    assert not any(tmp_path.iterdir())
