@@ -593,7 +593,7 @@ class _Builder:
         self.args.append(self.call_record(node))
         inputs: dict[tuple[int, int], float] = {}  # (producer, output) -> bytes read
         for parent in node.all_input_nodes:
-            for op, out, size, scaled in self.reads(parent):
+            for op, out, size, scaled in self._call_reads(node, parent):
                 inputs[(op, out)] = size
                 self.edge_scaled[(op, k)] = self.edge_scaled.get((op, k), False) or scaled
         for (op, out), size in inputs.items():
@@ -608,6 +608,18 @@ class _Builder:
         self.flop_totals[source.split(":")[0]] += count
         if source != FLOP_SOURCE_REGISTRY:
             self.fallback_ops[f"{self.kinds[-1]} ({source.split(':')[1]})"] += 1
+
+    def _call_reads(self, node: torch.fx.Node, parent: torch.fx.Node) -> list[tuple[int, int, float, bool]]:
+        """What ``node`` reads of ``parent``. A getitem reads one element of a multi-output op, not the whole
+        tuple: batch norm's saved mean (C floats, whole) must not count as its batch-sized output."""
+        if node.target is not operator.getitem:
+            return self.reads(parent)
+        element_bytes = float(_tensor_bytes(node.meta.get("val")))
+        out = int(node.args[1])
+        if not self.folded[self.traced.index[parent]]:
+            producer = self.sharding[self.traced.index[parent]]
+            return [(self.op_index[parent], out, element_bytes, _sharded(producer, out))]
+        return [(op, o, min(size, element_bytes), scaled) for op, o, size, scaled in self.reads(parent)]
 
     def flops(self, node: torch.fx.Node) -> tuple[float, str]:
         if not isinstance(node.target, torch._ops.OpOverload):
