@@ -1,0 +1,106 @@
+"""Policy checkpoints: ``{model, optimizer, config, step}`` written atomically, read with ``weights_only=True``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+
+from tag._atomic import atomic_open
+from tag.errors import OutputError
+from tag.policy.errors import PolicyError
+from tag.policy.features import FEATURE_VERSION
+from tag.policy.gnn import HeteroPolicy, PolicyConfig
+
+__all__ = ["PolicyCheckpoint", "save_policy", "load_policy", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION"]
+
+CHECKPOINT_FORMAT = "tag.policy"
+CHECKPOINT_VERSION = 1
+_REQUIRED = ("format", "version", "feature_version", "config", "model", "optimizer", "step")
+
+
+class PolicyCheckpoint(NamedTuple):
+    """What :func:`load_policy` returns."""
+
+    model: HeteroPolicy  # weights loaded, on the CPU unless map_location says otherwise
+    config: PolicyConfig
+    optimizer: dict[str, Any] | None  # the optimizer's state_dict, for ``optimizer.load_state_dict``
+    step: int  # training steps taken when saved
+
+
+def save_policy(path: str | os.PathLike, model: HeteroPolicy, config: PolicyConfig,
+                optimizer: torch.optim.Optimizer | None = None, step: int = 0) -> None:
+    """Write ``{format, version, feature_version, config, model, optimizer, step}`` to ``path`` atomically
+    (a crash leaves the previous file, never half of one). ``config`` must be the model's."""
+    if not isinstance(model, HeteroPolicy):
+        raise PolicyError(f"save_policy needs a HeteroPolicy, got {type(model).__name__}")
+    if not isinstance(config, PolicyConfig) or config != model.config:
+        raise PolicyError(f"config {config!r} is not the model's ({model.config!r})")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise PolicyError(f"step must be a non-negative integer, got {step!r}")
+    payload = {
+        "format": CHECKPOINT_FORMAT,
+        "version": CHECKPOINT_VERSION,
+        "feature_version": FEATURE_VERSION,
+        "config": config.to_dict(),
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict() if optimizer is not None else None,
+        "step": step,
+    }
+    try:
+        with atomic_open(path) as handle:
+            torch.save(payload, handle)
+    except OSError as exc:
+        raise OutputError(f"cannot write policy checkpoint {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def load_policy(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> PolicyCheckpoint:
+    """Read a checkpoint written by :func:`save_policy` (``torch.load(weights_only=True)``: no code runs).
+
+    PolicyError when the file is missing, unreadable or corrupt, of another format or feature version, or
+    when its weights do not fit its config.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise PolicyError(f"no policy checkpoint at {str(path)!r}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises pickle, zip, EOF and runtime errors for a damaged file
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PolicyError(f"{str(path)!r} is not a readable policy checkpoint: {reason[:200]}") from None
+    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
+        raise PolicyError(f"{str(path)!r} is not a policy checkpoint (format {_format_of(payload)!r}, "
+                          f"expected {CHECKPOINT_FORMAT!r})")
+    missing = [key for key in _REQUIRED if key not in payload]
+    if missing:
+        raise PolicyError(f"policy checkpoint {str(path)!r} lacks {', '.join(missing)}")
+    if payload["version"] != CHECKPOINT_VERSION:
+        raise PolicyError(f"policy checkpoint {str(path)!r} has version {payload['version']!r}; this tag reads "
+                          f"version {CHECKPOINT_VERSION}")
+    if payload["feature_version"] != FEATURE_VERSION:
+        raise PolicyError(f"policy checkpoint {str(path)!r} was trained on features version "
+                          f"{payload['feature_version']!r}; this tag computes version {FEATURE_VERSION}")
+    step = payload["step"]
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise PolicyError(f"policy checkpoint {str(path)!r}: step must be a non-negative integer, got {step!r}")
+    try:
+        config = PolicyConfig.from_dict(payload["config"])
+    except (PolicyError, TypeError) as exc:
+        raise PolicyError(f"policy checkpoint {str(path)!r}: bad config: {exc}") from None
+    model = HeteroPolicy(**config.to_dict())
+    try:
+        model.load_state_dict(payload["model"], strict=True)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()
+        raise PolicyError(f"policy checkpoint {str(path)!r}: the weights do not fit its config "
+                          f"({first[0][:200] if first else type(exc).__name__})") from None
+    optimizer = payload["optimizer"]
+    if optimizer is not None and not isinstance(optimizer, dict):
+        raise PolicyError(f"policy checkpoint {str(path)!r}: optimizer state must be a dict or None")
+    return PolicyCheckpoint(model.to(map_location), config, optimizer, step)
+
+
+def _format_of(payload: Any) -> Any:
+    return payload.get("format") if isinstance(payload, dict) else type(payload).__name__
