@@ -40,7 +40,7 @@ from tag.compiler import compile_strategy
 from tag.graph.io import load_graph
 from tag.graph.resolve import prebuilt_path, resolve_model
 from tag.grouping import DEFAULT_NUM_GROUPS, group_ops
-from tag.sfb import SFBCache, apply_sfb
+from tag.sfb import SFBCache, select_sfb
 from tag.strategy import ALLREDUCE, OPTIONS, PS, Strategy, candidate_actions
 from tag.units import parse_bandwidth
 
@@ -74,22 +74,14 @@ def greedy_placement(group_graph, cluster, *, groups: int) -> tuple[Strategy, fl
 
 def with_sfb(group_graph, strategy, cluster, base_time: float, cache: SFBCache) -> dict:
     """SFB on ``strategy``: the estimate, the simulation of the whole plan, and of the plan kept only in the
-    groups where the simulator finds it helps (each group toggled once, least estimated saving first)."""
-    plan = apply_sfb(group_graph, strategy, cluster, cache=cache)
-    report = plan.report()
-    whole = simulate(plan.rewritten_group_graph(), strategy, cluster) if plan.groups else base_time
-    kept, kept_time = (plan, whole) if whole < base_time else (plan.restricted([]), base_time)
-    if len(plan.groups) > 1:
-        for group in sorted(plan.groups, key=lambda g: g.time_saved_s):
-            chosen = {g.group for g in kept.groups} ^ {group.group}  # toggle this group's SFB
-            trial = plan.restricted(chosen)
-            elapsed = simulate(trial.rewritten_group_graph(), strategy, cluster) if chosen else base_time
-            if elapsed < kept_time:
-                kept, kept_time = trial, elapsed
-    return {"estimate_s": base_time - report.estimated_time_saved_s, "simulated_whole_plan_s": whole,
-            "simulated_s": kept_time, "groups_with_sfb": len(plan.groups), "groups_kept": len(kept.groups),
-            "gradients": report.gradients, "applied": report.applied, "applied_kept": int(kept.sync_free_ops.size),
-            "ops_duplicated": report.ops_duplicated, "allreduce_bytes_removed": report.allreduce_bytes_removed,
+    groups where the simulator finds it helps (:func:`tag.sfb.select_sfb`)."""
+    selection = select_sfb(group_graph, strategy, cluster, cache=cache, time_without_s=base_time)
+    report = selection.proposed
+    return {"estimate_s": base_time - report.estimated_time_saved_s, "simulated_whole_plan_s": selection.time_all_s,
+            "simulated_s": selection.time_s, "groups_with_sfb": len(report.groups),
+            "groups_kept": len(selection.plan.groups), "gradients": report.gradients, "applied": report.applied,
+            "applied_kept": int(selection.plan.sync_free_ops.size), "ops_duplicated": report.ops_duplicated,
+            "allreduce_bytes_removed": report.allreduce_bytes_removed,
             "broadcast_bytes_added": report.broadcast_bytes_added, "statuses": report.statuses,
             "solve_time_s": report.solve_time_s, "top_kinds": report.duplicated_kinds[:5]}
 

@@ -71,6 +71,26 @@ def _output_path(text: str, *, flag: str = "--out", suffixes: tuple[str, ...] = 
     return path
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if not 1 <= value <= 10**9:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def _num_groups(text: str) -> int:
     try:
         value = int(text)
@@ -300,6 +320,11 @@ def cmd_simulate(args: argparse.Namespace) -> dict:
 
         plan = load_plan(args.strategy, graph=graph, cluster=cluster)
         group_graph = _plan_group_graph(plan, graph, cluster, args)
+        sfb_groups = plan.summary.get("sfb_groups") or []
+        if sfb_groups:  # the SFB `tag plan` kept: the program is deterministic, so re-apply it
+            from tag.sfb import apply_sfb
+
+            group_graph = apply_sfb(group_graph, plan.strategy, cluster).restricted(sfb_groups).rewritten_group_graph()
         compiled = compile_strategy(group_graph, plan.strategy, cluster, granularity=args.granularity)
         plan_cluster, label = cluster, f"plan {args.strategy}"
     else:
@@ -377,6 +402,133 @@ def cmd_baselines(args: argparse.Namespace) -> dict:
     return payload
 
 
+# ------------------------------------------------------------------------------------------------ plan
+def _evaluator(args: argparse.Namespace):
+    """(evaluator, batch evaluator, label): the GNN of --policy, or uniform priors ("pure MCTS")."""
+    from tag.search import uniform_evaluator
+
+    if not args.policy:
+        return uniform_evaluator, None, "uniform priors (pure MCTS)"
+    import torch
+
+    from tag.policy import GNNEvaluator, load_policy
+
+    torch.set_num_threads(1)  # one small forward per vertex: threads only add contention
+    checkpoint = load_policy(args.policy)
+    evaluator = GNNEvaluator(checkpoint.model)
+    return evaluator, evaluator.batch, f"GNN policy {args.policy} (step {checkpoint.step})"
+
+
+def _search_progress(enabled: bool):
+    """A rich progress bar on stderr with the best speed-up so far; a no-op context when disabled."""
+    import contextlib
+
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from rich.console import Console
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    return Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.percentage:>3.0f}%"),
+                    TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
+                    console=Console(stderr=True), transient=True)
+
+
+def _progress_callback(bar, description: str):
+    """The search's progress hook drawing on ``bar`` (None: no hook)."""
+    if bar is None:
+        return None
+    task = bar.add_task(description, total=1.0, status="")
+
+    def callback(p) -> None:
+        best = f"best {p.best_speedup:.3f}x" if p.best_speedup > 0 else "no feasible plan yet"
+        bar.update(task, completed=p.fraction(), status=f"{p.iteration} it, {p.num_simulations} sims, {best}")
+
+    return callback
+
+
+def cmd_plan(args: argparse.Namespace) -> dict:
+    from tag.cluster import resolve_cluster
+    from tag.graph.resolve import resolve_model
+    from tag.planner import PlanConfig, plan_training
+    from tag.strategy import make_plan, save_plan
+
+    if args.out:
+        _output_path(args.out, flag="--out", suffixes=(".json",), what="plan file")
+    _check_view_paths(args)
+    cluster = resolve_cluster(args.cluster)
+    graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
+    evaluator, batch_evaluator, priors = _evaluator(args)
+    config = PlanConfig(num_groups=args.num_groups, max_iterations=args.budget, time_limit_s=args.time,
+                        search=args.search, sfb=not args.no_sfb, seed=args.seed)
+    with _search_progress(sys.stderr.isatty()) as bar:
+        callback = _progress_callback(bar, f"{args.search} on {graph.meta.get('model', args.model)}")
+        outcome = plan_training(graph, cluster, config=config, evaluator=evaluator, batch_evaluator=batch_evaluator,
+                                batch_size=8 if batch_evaluator is not None else 1, progress=callback)
+    payload = {**outcome.summary(), "priors": priors}
+    payload["groups"] = outcome.group_rows()
+    if args.out:
+        plan = make_plan(outcome.strategy, graph, cluster, assignment=outcome.group_graph.assignment,
+                         summary={k: v for k, v in payload.items() if k != "groups"})
+        try:
+            save_plan(plan, args.out)
+        except OSError as error:
+            raise OutputError(f"--out {args.out!r}: {error.strerror or error}") from None
+    files = _write_views(args, outcome.result, outcome.compiled.taskgraph,
+                         f"{payload['model']} on {cluster.name}: tag plan")
+    payload["files"] = {**({"plan": args.out} if args.out else {}), **files}
+    if not args.json:
+        _print_plan(payload, cluster)
+    return payload
+
+
+def _print_plan(payload: dict, cluster) -> None:
+    from rich.table import Table
+
+    from tag.units import format_bytes, format_time
+
+    console = _console()
+    groups = Table(title=f"Plan per op group ({payload['num_groups']} groups, most compute first)")
+    for column in ("group", "ops", "device groups", "devices", "option", "compute", "makespan", "params", "SFB"):
+        groups.add_column(column, justify="right" if column not in ("device groups", "option") else "left")
+    for row in payload["groups"]:
+        devices = row["devices"]
+        shown = ",".join(map(str, devices)) if len(devices) <= 6 else f"{len(devices)} devices"
+        groups.add_row(str(row["group"]), str(row["ops"]), ",".join(map(str, row["device_groups"])), shown,
+                       row["option"], format_time(row["compute_s"]),
+                       format_time(row["makespan_s"]) if row["makespan_s"] is not None else "-",
+                       format_bytes(row["param_bytes"]), "yes" if row["sfb"] else "")
+    console.print(groups)
+    summary = Table(title=f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
+                          f"({payload['devices']} devices)", show_header=False)
+    summary.add_column("what")
+    summary.add_column("value", justify="right")
+    state = "[green]fits[/]" if payload["feasible"] else f"[red]OOM on device {payload['oom_device']}[/]"
+    summary.add_row("iteration time", f"{format_time(payload['iteration_time_s'])} ({state})")
+    summary.add_row("samples/s", f"{payload['samples_per_s']:.1f}" if payload["samples_per_s"] else "-")
+    for baseline in payload["baselines"]:
+        ratio = payload["speedup_over"][baseline["name"]]
+        oom = " (baseline OOM)" if baseline["oom"] else ""
+        summary.add_row(f"speed-up over {baseline['name']}",
+                        (f"{ratio:.3f}x" if ratio else "-") + f"  [{format_time(baseline['iteration_time_s'])}{oom}]")
+    summary.add_row("search", f"{payload['search']}, {payload['priors']}: {payload['iterations']} iterations, "
+                              f"{payload['simulations']} simulations, {format_time(payload['search_time_s'])}")
+    if payload["sfb"] is not None:
+        sfb = payload["sfb"]
+        summary.add_row("SFB", f"{sfb['groups_kept']} groups, {sfb['gradients_replaced']} gradients, "
+                               f"{sfb['ops_duplicated']} ops duplicated, saves "
+                               f"{format_time(sfb['simulated_time_saved_s'])} (simulated)")
+    peaks = payload["peak_memory_bytes"]
+    capacity = payload["memory_capacity_bytes"]
+    for m in range(cluster.num_device_groups):
+        members = [d for d in range(cluster.num_devices) if cluster.device_group[d] == m]
+        worst = max(members, key=lambda d: peaks[d] / capacity[d])
+        summary.add_row(f"peak memory, device group {m} ({cluster.gpu(worst).name} x{len(members)})",
+                        f"{format_bytes(peaks[worst])} of {format_bytes(capacity[worst])}")
+    console.print(summary)
+    for kind, path in payload["files"].items():
+        console.print(f"wrote {kind}: {path}")
+
+
 # ---------------------------------------------------------------------------------------------- parser
 def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="zoo name, graph .json(.gz), PipeDream graph.txt, or MODULE:FUNCTION")
@@ -408,6 +560,25 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output graph file (.json or .json.gz)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("plan", help="plan a model on a cluster: METIS groups, MCTS, SFB, simulation (TAG)")
+    _add_model(p)
+    _add_cluster(p)
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=_positive_int, metavar="N", help="search iterations (default 200)")
+    budget.add_argument("--time", type=_positive_seconds, metavar="S", help="search time limit in seconds")
+    priors = p.add_mutually_exclusive_group()
+    priors.add_argument("--policy", metavar="CKPT", help="a trained GNN policy checkpoint for the priors")
+    priors.add_argument("--uniform", action="store_true", help="uniform priors: pure MCTS (the default for now)")
+    p.add_argument("--search", choices=("mcts", "mcmc"), default="mcts", help="search method (default mcts)")
+    p.add_argument("--no-sfb", action="store_true", help="skip sufficient-factor broadcasting")
+    p.add_argument("--num-groups", type=_num_groups, default=60, help="METIS op groups (default 60, as TAG)")
+    p.add_argument("--seed", type=int, default=0, help="METIS and search seed")
+    p.add_argument("--out", metavar="PLAN.json", help="write the plan file (for `tag simulate --strategy`)")
+    p.add_argument("--trace", metavar="T.json", help="write a Chrome trace of the planned iteration")
+    p.add_argument("--gantt", metavar="G.png", help="draw a Gantt chart of the planned iteration")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="simulate one training iteration of a plan file or a baseline")
     _add_model(p)

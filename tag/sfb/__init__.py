@@ -8,6 +8,7 @@ instead of all-reducing the gradient.
 
 from tag.sfb.errors import SFBError
 from tag.sfb.plan import DEFAULT_DEPTH, DEFAULT_MAX_OPS, GradientSFB, GroupSFB, SFBPlan, SFBReport, apply_sfb
+from tag.sfb.select import SFBSelection, select_sfb
 from tag.sfb.program import (
     AUTO_EXHAUSTIVE_OPS,
     DEFAULT_TIME_LIMIT_S,
@@ -26,5 +27,6 @@ __all__ = [
     "solve_sfb", "sfb_objective", "problem_signature", "SFBDecision", "SFBCache", "EXTERNAL", "METHODS", "STATUSES",
     "DEFAULT_TIME_LIMIT_S", "AUTO_EXHAUSTIVE_OPS", "MAX_EXHAUSTIVE_OPS",
     "apply_sfb", "SFBPlan", "GroupSFB", "GradientSFB", "SFBReport", "DEFAULT_DEPTH", "DEFAULT_MAX_OPS",
+    "SFBSelection", "select_sfb",
     "SFBError",
 ]

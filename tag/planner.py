@@ -1,0 +1,178 @@
+"""The TAG planner end to end (TAG §4): grouping → search → SFB → compile → simulate.
+
+:func:`plan_training` is what ``tag plan`` runs. The search (MCTS with the priors of an evaluator, or the
+MCMC baseline) scores each candidate by simulation against DP-NCCL; SFB (:func:`tag.sfb.select_sfb`) is
+applied to the best strategy afterwards and kept only where the simulator says it helps; the final plan is
+compiled and simulated once more with feedback for the report. Every figure in the outcome is simulated.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tag.baselines import BaselineResult, run_baselines
+from tag.cluster import Cluster
+from tag.compiler import CompiledPlan, compile_strategy
+from tag.graph import OpGraph
+from tag.grouping import DEFAULT_NUM_GROUPS, GroupGraph, group_ops
+from tag.search import (
+    DEFAULT_C_PUCT,
+    BatchEvaluator,
+    Evaluator,
+    PlacementEnv,
+    ProgressCallback,
+    SearchResult,
+    mcmc_search,
+    mcts_search,
+    uniform_evaluator,
+)
+from tag.sfb import SFBCache, SFBSelection, select_sfb
+from tag.sim import SimulationResult
+from tag.strategy import OPTIONS, Strategy
+
+__all__ = ["PlanConfig", "PlanOutcome", "plan_training", "DEFAULT_ITERATIONS", "COMPARED_BASELINES", "SEARCHES"]
+
+DEFAULT_ITERATIONS = 200  # MCTS iterations when neither an iteration nor a time budget is given
+COMPARED_BASELINES = ("dp-nccl", "dp-nccl-p", "horovod")  # the speed-ups `tag plan` reports (TAG Table 8)
+SEARCHES = ("mcts", "mcmc")
+
+
+@dataclass(frozen=True)
+class PlanConfig:
+    """What ``tag plan`` gathers from its flags."""
+
+    num_groups: int = DEFAULT_NUM_GROUPS  # METIS op groups (TAG §5.1 used 60)
+    max_iterations: int | None = None  # search iterations; with no time limit either, DEFAULT_ITERATIONS
+    time_limit_s: float | None = None  # wall-clock budget of the search
+    search: str = "mcts"  # "mcts" (TAG) or "mcmc" (FlexFlow-style baseline on the same simulator)
+    sfb: bool = True  # apply sufficient-factor broadcasting after the search
+    c_puct: float = DEFAULT_C_PUCT  # exploration constant c of TAG §4.2.2
+    granularity: str = "group"  # task granularity of every compiled plan ("group": the search's fast path)
+    seed: int = 0  # METIS and search tie-breaking
+
+    def budget(self) -> tuple[int | None, float | None]:
+        if self.max_iterations is None and self.time_limit_s is None:
+            return DEFAULT_ITERATIONS, None
+        return self.max_iterations, self.time_limit_s
+
+
+class PlanOutcome(NamedTuple):
+    """A plan and everything ``tag plan`` reports about it."""
+
+    graph: OpGraph
+    group_graph: GroupGraph  # as grouped by METIS (without SFB's rewrite)
+    cluster: Cluster
+    strategy: Strategy
+    compiled: CompiledPlan  # the final plan, SFB included where kept
+    result: SimulationResult  # its simulation, with feedback
+    search: SearchResult
+    baselines: list[BaselineResult]  # COMPARED_BASELINES, in order
+    sfb: SFBSelection | None  # None with sfb=False
+    timings: dict[str, float]  # seconds per phase: grouping, baselines, search, sfb, final
+
+    @property
+    def iteration_time_s(self) -> float:
+        return float(self.result.iteration_time)
+
+    def speedup_over(self) -> dict[str, float | None]:
+        """Baseline time / plan time per compared baseline (None where the plan does not fit)."""
+        out = {}
+        for key, baseline in zip(COMPARED_BASELINES, self.baselines):
+            ok = self.result.feasible and self.result.iteration_time > 0
+            out[key] = baseline.iteration_time_s / self.result.iteration_time if ok else None
+        return out
+
+    def group_rows(self) -> list[dict[str, Any]]:
+        """One row per op group in descending compute order: placement, option, devices, time."""
+        gg, strategy, cluster = self.group_graph, self.strategy, self.cluster
+        members = [np.flatnonzero(cluster.device_group == m) for m in range(cluster.num_device_groups)]
+        makespan = self.result.feedback.group_makespan if self.result.feedback is not None else None
+        compute = gg.compute_table(cluster)  # [G, T] seconds per GPU type of the cluster, whole batch
+        rows = []
+        for g in gg.order_by_compute().tolist():
+            placed = np.flatnonzero(strategy.placement[g])
+            devices = np.concatenate([members[m] for m in placed])
+            rows.append({
+                "group": g, "ops": int(gg.group_sizes()[g]), "device_groups": placed.tolist(),
+                "devices": devices.tolist(), "option": OPTIONS[int(strategy.option[g])],
+                "compute_s": float(compute[g, cluster.device_type[devices]].min()),
+                "param_bytes": float(gg.param_bytes[g]),
+                "makespan_s": float(makespan[g]) if makespan is not None else None,
+                "sfb": bool(self.sfb is not None and any(s.group == g for s in self.sfb.plan.groups)),
+            })
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        """The figures of ``tag plan --json`` (and of a plan file's summary)."""
+        result = self.result
+        search = self.search
+        return {
+            "model": self.graph.meta.get("model", ""), "cluster": self.cluster.name,
+            "devices": self.cluster.num_devices, "batch_size": self.graph.batch_size,
+            "num_groups": self.group_graph.num_groups,
+            "iteration_time_s": float(result.iteration_time), "feasible": bool(result.feasible),
+            "samples_per_s": self.graph.batch_size / result.iteration_time if result.iteration_time > 0 else None,
+            "speedup_over": self.speedup_over(),
+            "baselines": [{"name": key, "iteration_time_s": b.iteration_time_s, "oom": b.oom}
+                          for key, b in zip(COMPARED_BASELINES, self.baselines)],
+            "search": search.method, "search_time_s": search.search_time_s, "simulations": search.num_simulations,
+            "iterations": search.num_iterations, "search_best_time_s": search.best_time,
+            "first_beat_iteration": search.first_beat_iteration, "reference": search.reference_name,
+            "sfb": self.sfb.as_dict() if self.sfb is not None else None,
+            "sfb_groups": [g.group for g in self.sfb.plan.groups] if self.sfb is not None else [],
+            "peak_memory_bytes": [float(x) for x in result.peak_memory],
+            "memory_capacity_bytes": [float(x) for x in result.memory_capacity],
+            "oom_device": int(result.oom_device) if result.oom_device >= 0 else None,
+            "options": {name: int(np.sum(self.strategy.option == k)) for k, name in enumerate(OPTIONS)},
+            "timings_s": self.timings,
+        }
+
+
+def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = PlanConfig(),
+                  evaluator: Evaluator = uniform_evaluator, batch_evaluator: BatchEvaluator | None = None,
+                  batch_size: int = 1, progress: ProgressCallback | None = None) -> PlanOutcome:
+    """Plan ``graph`` on ``cluster`` (module docstring). ``evaluator``: priors for MCTS (uniform: "pure
+    MCTS"; a :class:`tag.policy.GNNEvaluator` for TAG). ``progress`` is called after every search iteration."""
+    if config.search not in SEARCHES:
+        raise ValueError(f"search must be one of {', '.join(SEARCHES)}, got {config.search!r}")
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+    group_graph = group_ops(graph, num_groups=config.num_groups, gpus=cluster, seed=config.seed)
+    timings["grouping"] = _lap(clock)
+    clock = time.perf_counter()
+    baselines = run_baselines(group_graph, cluster, names=COMPARED_BASELINES, granularity=config.granularity)
+    timings["baselines"] = _lap(clock)
+    env = PlacementEnv(group_graph, cluster, granularity=config.granularity)
+    iterations, seconds = config.budget()
+    if config.search == "mcts":
+        search = mcts_search(env, evaluator, batch_evaluator=batch_evaluator, batch_size=batch_size,
+                             c_puct=config.c_puct, max_iterations=iterations, time_limit_s=seconds,
+                             seed=config.seed, progress=progress)
+    else:
+        search = mcmc_search(env, max_iterations=iterations, time_limit_s=seconds, seed=config.seed,
+                             progress=progress)
+    timings["search"] = search.search_time_s
+    strategy = search.best
+    clock = time.perf_counter()
+    selection = None
+    final_graph = group_graph
+    if config.sfb:
+        time_without = search.best_time if search.best_feasible else float("inf")
+        selection = select_sfb(group_graph, strategy, cluster, cache=SFBCache(), granularity=config.granularity,
+                               time_without_s=time_without)
+        if selection.applied:
+            final_graph = selection.plan.rewritten_group_graph()
+    timings["sfb"] = _lap(clock)
+    clock = time.perf_counter()
+    compiled = compile_strategy(final_graph, strategy, cluster, granularity=config.granularity)
+    result = compiled.simulate(feedback=True)
+    timings["final"] = _lap(clock)
+    return PlanOutcome(graph, group_graph, cluster, strategy, compiled, result, search, baselines, selection, timings)
+
+
+def _lap(start: float) -> float:
+    return time.perf_counter() - start

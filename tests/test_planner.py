@@ -1,0 +1,97 @@
+"""`tag plan` end to end: grouping, search, SFB, compile, simulate; its JSON contract and plan files."""
+
+import json
+
+import pytest
+
+from tag.cli import main
+from tag.cluster import resolve_cluster
+from tag.graph.resolve import resolve_model
+from tag.planner import COMPARED_BASELINES, PlanConfig, plan_training
+
+TIGHT_SPEC = """
+name: tight
+network: {bandwidth: 10GB/s}
+gpus:
+  small-gpu: {memory: 350kB, memory_bandwidth: 900GB/s, fp32: 15TFLOPS, fp16: 30TFLOPS}
+machines:
+  - {gpu: v100-16gb, count: 2, bandwidth: 100GB/s}
+  - {gpu: small-gpu, count: 2, bandwidth: 100GB/s}
+"""
+
+
+def run_json(capsys, *argv):
+    code = main([*argv, "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    return json.loads(out)
+
+
+@pytest.fixture(scope="module")
+def vgg_outcome():
+    graph = resolve_model("vgg19", tiny=True)
+    cluster = resolve_cluster("tag-testbed")
+    return plan_training(graph, cluster, config=PlanConfig(num_groups=6, max_iterations=40))
+
+
+def test_plan_is_never_slower_than_dp_nccl_and_figures_are_consistent(vgg_outcome):
+    outcome = vgg_outcome
+    dp = outcome.baselines[0]
+    assert not dp.oom and outcome.result.feasible
+    assert outcome.iteration_time_s <= dp.iteration_time_s * (1 + 1e-12)
+    # The search's best, then SFB kept only where it helps: the final plan is never slower than the search's.
+    assert outcome.iteration_time_s <= outcome.search.best_time * (1 + 1e-12)
+    speedups = outcome.speedup_over()
+    assert list(speedups) == list(COMPARED_BASELINES)
+    for key, baseline in zip(COMPARED_BASELINES, outcome.baselines):
+        assert speedups[key] == pytest.approx(baseline.iteration_time_s / outcome.iteration_time_s)
+    rows = outcome.group_rows()
+    assert sorted(row["group"] for row in rows) == list(range(outcome.group_graph.num_groups))
+    assert sum(row["ops"] for row in rows) == outcome.graph.num_ops
+
+
+def test_plan_json_contract_and_plan_file_round_trip(capsys, tmp_path):
+    out, chart = tmp_path / "plan.json", tmp_path / "g.png"
+    common = ("vgg19", "--tiny", "--cluster", "tag-testbed", "--num-groups", "6")
+    payload = run_json(capsys, "plan", *common, "--budget", "30", "--out", str(out), "--gantt", str(chart))
+    for key in ("iteration_time_s", "feasible", "speedup_over", "search_time_s", "simulations"):
+        assert key in payload
+    assert set(payload["speedup_over"]) == {"dp-nccl", "dp-nccl-p", "horovod"}
+    assert payload["feasible"] is True and payload["simulations"] >= 1
+    assert chart.read_bytes()[:4] == b"\x89PNG"
+    # The plan file simulates to the same time, SFB included.
+    again = run_json(capsys, "simulate", *common, "--strategy", str(out))
+    assert again["iteration_time_s"] == pytest.approx(payload["iteration_time_s"], rel=1e-12)
+
+
+def test_plan_is_feasible_when_dp_nccl_does_not_fit(capsys, tmp_path):
+    spec = tmp_path / "tight.yaml"
+    spec.write_text(TIGHT_SPEC)
+    common = ("vgg19", "--tiny", "--cluster", str(spec), "--num-groups", "6")
+    baselines = run_json(capsys, "baselines", *common, "--only", "dp-nccl,dp-nccl-p,horovod")["baselines"]
+    assert all(row["oom"] for row in baselines)
+    payload = run_json(capsys, "plan", *common, "--budget", "60")
+    assert payload["feasible"] is True and payload["oom_device"] is None
+    assert payload["reference"] == "single-device compute"
+    assert all(peak <= cap for peak, cap in zip(payload["peak_memory_bytes"], payload["memory_capacity_bytes"]))
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("--budget", "0"), "--budget"),
+    (("--time", "-3"), "--time"),
+    (("--budget", "5", "--time", "3"), "not allowed with"),
+])
+def test_plan_bad_flags_are_usage_errors(capsys, argv, needle):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["plan", "vgg19", "--tiny", "--cluster", "tag-testbed", *argv])
+    assert exit_info.value.code == 2 and needle in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (("--out", "plan.txt"), "--out 'plan.txt'"),
+    (("--policy", "missing.pt"), "missing.pt"),
+])
+def test_plan_bad_input_gives_one_line(capsys, tmp_path, argv, needle):
+    code = main(["plan", "vgg19", "--tiny", "--cluster", "tag-testbed", *argv])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and err.startswith("tag: error:") and needle in err
