@@ -325,7 +325,8 @@ def cmd_simulate(args: argparse.Namespace) -> dict:
             from tag.sfb import apply_sfb
 
             group_graph = apply_sfb(group_graph, plan.strategy, cluster).restricted(sfb_groups).rewritten_group_graph()
-        compiled = compile_strategy(group_graph, plan.strategy, cluster, granularity=args.granularity)
+        compiled = compile_strategy(group_graph, plan.strategy, cluster, granularity=args.granularity,
+                                    fusion_bytes=plan.summary.get("fusion_bytes"))
         plan_cluster, label = cluster, f"plan {args.strategy}"
     else:
         from tag.baselines import BASELINES

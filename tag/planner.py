@@ -3,7 +3,8 @@
 :func:`plan_training` is what ``tag plan`` runs. The search (MCTS with the priors of an evaluator, or the
 MCMC baseline) scores each candidate by simulation against DP-NCCL; SFB (:func:`tag.sfb.select_sfb`) is
 applied to the best strategy afterwards and kept only where the simulator says it helps; the final plan is
-compiled and simulated once more with feedback for the report. Every figure in the outcome is simulated.
+compiled with and without Horovod-style gradient fusion, and the faster simulated with feedback for the
+report. Every figure in the outcome is simulated.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 
 from tag.baselines import BaselineResult, run_baselines
 from tag.cluster import Cluster
-from tag.compiler import CompiledPlan, compile_strategy
+from tag.compiler import DEFAULT_FUSION_BYTES, CompiledPlan, compile_strategy
 from tag.graph import OpGraph
 from tag.grouping import DEFAULT_NUM_GROUPS, GroupGraph, group_ops
 from tag.search import (
@@ -50,6 +51,7 @@ class PlanConfig:
     time_limit_s: float | None = None  # wall-clock budget of the search
     search: str = "mcts"  # "mcts" (TAG) or "mcmc" (FlexFlow-style baseline on the same simulator)
     sfb: bool = True  # apply sufficient-factor broadcasting after the search
+    fusion: bool = True  # also try the final plan with Horovod-style gradient fusion buckets; keep the faster
     c_puct: float = DEFAULT_C_PUCT  # exploration constant c of TAG §4.2.2
     granularity: str = "group"  # task granularity of every compiled plan ("group": the search's fast path)
     seed: int = 0  # METIS and search tie-breaking
@@ -73,6 +75,7 @@ class PlanOutcome(NamedTuple):
     baselines: list[BaselineResult]  # COMPARED_BASELINES, in order
     sfb: SFBSelection | None  # None with sfb=False
     timings: dict[str, float]  # seconds per phase: grouping, baselines, search, sfb, final
+    fusion_bytes: float | None = None  # gradient fusion bucket size of the final plan; None: no fusion
 
     @property
     def iteration_time_s(self) -> float:
@@ -124,6 +127,7 @@ class PlanOutcome(NamedTuple):
             "first_beat_iteration": search.first_beat_iteration, "reference": search.reference_name,
             "sfb": self.sfb.as_dict() if self.sfb is not None else None,
             "sfb_groups": [g.group for g in self.sfb.plan.groups] if self.sfb is not None else [],
+            "fusion_bytes": self.fusion_bytes,
             "peak_memory_bytes": [float(x) for x in result.peak_memory],
             "memory_capacity_bytes": [float(x) for x in result.memory_capacity],
             "oom_device": int(result.oom_device) if result.oom_device >= 0 else None,
@@ -168,10 +172,25 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
             final_graph = selection.plan.rewritten_group_graph()
     timings["sfb"] = _lap(clock)
     clock = time.perf_counter()
-    compiled = compile_strategy(final_graph, strategy, cluster, granularity=config.granularity)
-    result = compiled.simulate(feedback=True)
+    compiled, result, fusion = _final_plan(final_graph, strategy, cluster, config)
     timings["final"] = _lap(clock)
-    return PlanOutcome(graph, group_graph, cluster, strategy, compiled, result, search, baselines, selection, timings)
+    return PlanOutcome(graph, group_graph, cluster, strategy, compiled, result, search, baselines, selection, timings,
+                       fusion)
+
+
+def _final_plan(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, config: PlanConfig
+                ) -> tuple[CompiledPlan, SimulationResult, float | None]:
+    """The strategy compiled with and without Horovod-style gradient fusion (an execution choice that does
+    not change the placement, so the search leaves it out); the faster that fits is kept."""
+    best = None
+    for fusion in (None, DEFAULT_FUSION_BYTES) if config.fusion else (None,):
+        compiled = compile_strategy(group_graph, strategy, cluster, granularity=config.granularity,
+                                    fusion_bytes=fusion)
+        result = compiled.simulate(feedback=True)
+        key = (not result.feasible, result.iteration_time)
+        if best is None or key < best[0]:
+            best = (key, compiled, result, fusion)
+    return best[1], best[2], best[3]
 
 
 def _lap(start: float) -> float:
