@@ -26,6 +26,7 @@ from tag.search import (
     Evaluator,
     PlacementEnv,
     ProgressCallback,
+    SearchProgress,
     SearchResult,
     mcmc_search,
     mcts_search,
@@ -53,6 +54,8 @@ class PlanConfig:
     sfb: bool = True  # apply sufficient-factor broadcasting after the search
     fusion: bool = True  # also try the final plan with Horovod-style gradient fusion buckets; keep the faster
     c_puct: float = DEFAULT_C_PUCT  # exploration constant c of TAG §4.2.2
+    order: str = "impact"  # tree level order (tag.search.group_order); TAG's is "compute"
+    fills: tuple[str, ...] = ("first", "root")  # MCTS runs once per default fill, the budget split among them
     granularity: str = "group"  # task granularity of every compiled plan ("group": the search's fast path)
     seed: int = 0  # METIS and search tie-breaking
 
@@ -141,6 +144,8 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
                   batch_size: int = 1, progress: ProgressCallback | None = None) -> PlanOutcome:
     """Plan ``graph`` on ``cluster`` (module docstring). ``evaluator``: priors for MCTS (uniform: "pure
     MCTS"; a :class:`tag.policy.GNNEvaluator` for TAG). ``progress`` is called after every search iteration."""
+    if not config.fills:
+        raise ValueError("fills must name at least one default fill")
     if config.search not in SEARCHES:
         raise ValueError(f"search must be one of {', '.join(SEARCHES)}, got {config.search!r}")
     timings: dict[str, float] = {}
@@ -150,15 +155,24 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
     clock = time.perf_counter()
     baselines = run_baselines(group_graph, cluster, names=COMPARED_BASELINES, granularity=config.granularity)
     timings["baselines"] = _lap(clock)
-    env = PlacementEnv(group_graph, cluster, granularity=config.granularity)
     iterations, seconds = config.budget()
-    if config.search == "mcts":
-        search = mcts_search(env, evaluator, batch_evaluator=batch_evaluator, batch_size=batch_size,
-                             c_puct=config.c_puct, max_iterations=iterations, time_limit_s=seconds,
-                             seed=config.seed, progress=progress)
-    else:
-        search = mcmc_search(env, max_iterations=iterations, time_limit_s=seconds, seed=config.seed,
-                             progress=progress)
+    fills = config.fills if config.search == "mcts" else config.fills[:1]
+    searches = []
+    for k, fill in enumerate(fills):  # the budget split evenly over the fills, the remainder to the first
+        share = None if iterations is None else iterations // len(fills) + (k < iterations % len(fills))
+        if share == 0:
+            continue
+        env = PlacementEnv(group_graph, cluster, granularity=config.granularity, order=config.order, fill=fill)
+        report = _offset_progress(progress, searches, iterations, seconds)
+        if config.search == "mcts":
+            searches.append(mcts_search(env, evaluator, batch_evaluator=batch_evaluator, batch_size=batch_size,
+                                        c_puct=config.c_puct, max_iterations=share,
+                                        time_limit_s=None if seconds is None else seconds / len(fills),
+                                        seed=config.seed, progress=report))
+        else:
+            searches.append(mcmc_search(env, max_iterations=share, time_limit_s=seconds, seed=config.seed,
+                                        progress=report))
+    search = _combine(searches)
     timings["search"] = search.search_time_s
     strategy = search.best
     clock = time.perf_counter()
@@ -191,6 +205,39 @@ def _final_plan(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, c
         if best is None or key < best[0]:
             best = (key, compiled, result, fusion)
     return best[1], best[2], best[3]
+
+
+def _offset_progress(progress: ProgressCallback | None, done: list[SearchResult], iterations: int | None,
+                     seconds: float | None) -> ProgressCallback | None:
+    """Progress of the next search reported as progress of the whole run (after the searches ``done``)."""
+    if progress is None:
+        return None
+    before = sum(r.num_iterations for r in done)
+    simulations = sum(r.num_simulations for r in done)
+    elapsed = sum(r.search_time_s for r in done)
+    best = max((r.best_speedup for r in done), default=0.0)
+
+    def report(p: SearchProgress) -> None:
+        progress(p._replace(iteration=before + p.iteration, num_simulations=simulations + p.num_simulations,
+                            elapsed_s=elapsed + p.elapsed_s, best_speedup=max(best, p.best_speedup),
+                            max_iterations=iterations, time_limit_s=seconds))
+
+    return report
+
+
+def _combine(searches: list[SearchResult]) -> SearchResult:
+    """One result for searches run one after another: the best plan of all (feasible first, then faster),
+    budgets and times summed, iterations to beat the reference counted across them."""
+    best = min(searches, key=lambda r: (not r.best_feasible, r.best_time))
+    first_beat, done = None, 0
+    for result in searches:
+        if first_beat is None and result.first_beat_iteration is not None:
+            first_beat = done + result.first_beat_iteration
+        done += result.num_iterations
+    return best._replace(
+        num_iterations=done, num_simulations=sum(r.num_simulations for r in searches),
+        search_time_s=sum(r.search_time_s for r in searches), first_beat_iteration=first_beat,
+        targets=[t for r in searches for t in r.targets])
 
 
 def _lap(start: float) -> float:

@@ -449,3 +449,29 @@ def test_time_budget():
     env = SequenceEnv(tuple(range(8)) * 4, 8)
     result = mcts_search(env, uniform_evaluator, time_limit_s=0.2, target_visits=None)
     assert 0.2 <= result.search_time_s < 1.0 and result.num_iterations > 10
+
+
+def test_impact_order_adds_the_allreduce_estimate_to_compute(vgg):
+    from tag.search.placement import group_order
+
+    group_graph, cluster = vgg
+    assert np.array_equal(group_order(group_graph, cluster, "compute"), group_graph.order_by_compute())
+    n = cluster.num_devices
+    slowest = cluster.bandwidth[~np.eye(n, dtype=bool)].min()
+    impact = group_graph.compute_table(cluster).mean(axis=1) + 2 * (n - 1) / n * group_graph.param_bytes / slowest
+    order = group_order(group_graph, cluster, "impact")
+    assert sorted(order.tolist()) == list(range(group_graph.num_groups))
+    assert np.all(np.diff(impact[order]) <= 0)
+
+
+def test_root_fill_keeps_dp_nccl_for_undecided_groups(vgg):
+    group_graph, cluster = vgg
+    env = PlacementEnv(group_graph, cluster, fill="root")
+    first = env.order[0]
+    strategy = env.strategy((0,))  # action 0: the first candidate mask and option
+    dp = Strategy.data_parallel(group_graph.num_groups, cluster, option=ALLREDUCE)
+    others = np.arange(group_graph.num_groups) != first
+    assert np.array_equal(strategy.placement[others], dp.placement[others])
+    assert np.array_equal(strategy.option[others], dp.option[others])
+    with pytest.raises(SearchError):
+        PlacementEnv(group_graph, cluster, fill="last")

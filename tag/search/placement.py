@@ -40,14 +40,34 @@ from tag.sim.result import Feedback
 from tag.strategy import ALLREDUCE, DEFAULT_MAX_DEVICE_GROUPS, Strategy, candidate_actions, restricted_actions
 from tag.strategy.strategy import device_group_sizes
 
-__all__ = ["PlacementEnv", "Placement", "Simulated", "placement_candidates", "OOM_REWARD",
-           "DP_NCCL", "SINGLE_DEVICE_COMPUTE"]
+__all__ = ["PlacementEnv", "Placement", "Simulated", "placement_candidates", "group_order", "ORDERS", "FILLS",
+           "OOM_REWARD", "DP_NCCL", "SINGLE_DEVICE_COMPUTE"]
 
 OOM_REWARD = -1.0  # TAG §4.2.2: "If an OOM error results, the reward is set to -1"
 DP_NCCL = "DP-NCCL"
 SINGLE_DEVICE_COMPUTE = "single-device compute"
 
 Placement = tuple[int, ...]  # a state: the action index chosen for order[0], order[1], ...
+
+ORDERS = ("compute", "impact")  # level order: TAG's descending compute, or compute + gradient sync estimate
+FILLS = ("first", "root")  # undecided groups: the first decided group's strategy (TAG), or DP-NCCL's
+
+
+def group_order(group_graph: GroupGraph, cluster: Cluster, order: str = "compute") -> np.ndarray:
+    """[G] the op group each tree level decides.
+
+    ``"compute"`` (TAG §4.2.2): descending compute time. ``"impact"``: descending compute time plus the
+    ring all-reduce time of the group's parameters over every device at the cluster's slowest link, the
+    group's share of a DP-NCCL iteration; it puts a group with large weights and little compute (VGG's
+    fully connected layers) near the root, where a search with few iterations still reaches it.
+    """
+    if order == "compute":
+        return group_graph.order_by_compute()
+    compute = group_graph.compute_table(cluster).mean(axis=1)  # [G]
+    n = cluster.num_devices
+    bandwidth = cluster.bandwidth[~np.eye(n, dtype=bool)].min() if n > 1 else np.inf
+    sync = 2.0 * (n - 1) / n * group_graph.param_bytes / bandwidth  # [G]
+    return np.argsort(-(compute + sync), kind="stable")
 
 
 class Simulated(NamedTuple):
@@ -82,7 +102,13 @@ class PlacementEnv:
 
     def __init__(self, group_graph: GroupGraph, cluster: Cluster, *,
                  candidates: tuple[np.ndarray, np.ndarray] | None = None, cost: CostModel | None = None,
-                 granularity: str = "group", batch_split: str = "even", keep_feedback: bool = True) -> None:
+                 granularity: str = "group", batch_split: str = "even", keep_feedback: bool = True,
+                 order: str = "compute", fill: str = "first") -> None:
+        if order not in ORDERS:
+            raise SearchError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
+        if fill not in FILLS:
+            raise SearchError(f"fill must be one of {', '.join(FILLS)}, got {fill!r}")
+        self.fill = fill
         self.group_graph = group_graph
         self.cluster = cluster
         self.cost = cost
@@ -90,7 +116,7 @@ class PlacementEnv:
         self.batch_split = batch_split
         self.keep_feedback = keep_feedback
         self.num_groups = group_graph.num_groups
-        self.order = group_graph.order_by_compute()  # [G] the group decided at each level
+        self.order = group_order(group_graph, cluster, order)  # [G] the group decided at each level
         masks, options = placement_candidates(cluster) if candidates is None else candidates
         self.masks = np.asarray(masks, dtype=bool)  # [A, M]
         self.options = np.asarray(options, dtype=np.int8)  # [A]
@@ -147,9 +173,13 @@ class PlacementEnv:
         if depth == 0:
             return self._root_fill
         actions = np.asarray(state, dtype=np.int64)
-        first = actions[0]
-        placement = np.repeat(self.masks[first][None, :], self.num_groups, axis=0)  # [G, M]
-        option = np.full(self.num_groups, self.options[first], dtype=np.int8)  # [G]
+        if self.fill == "first":
+            first = actions[0]
+            placement = np.repeat(self.masks[first][None, :], self.num_groups, axis=0)  # [G, M]
+            option = np.full(self.num_groups, self.options[first], dtype=np.int8)  # [G]
+        else:
+            placement = self._root_fill.placement.copy()  # [G, M]
+            option = self._root_fill.option.copy()  # [G]
         decided = self.order[:depth]
         placement[decided] = self.masks[actions]
         option[decided] = self.options[actions]

@@ -1,0 +1,98 @@
+"""TAG Table 8's shape: the planner against the baselines and against MCMC at the same simulator budget.
+
+    python scripts/bench_plan.py                              # six TAG models × tag-testbed, tag-cloud
+    python scripts/bench_plan.py --models vgg19 --clusters tag-testbed --budget 100
+
+For every (model, cluster): the plan of `tag plan` (MCTS with uniform priors unless --policy, then SFB and
+fusion), its speed-up over DP-NCCL, DP-NCCL-P and Horovod, and over the MCMC baseline run on the same
+simulator with the same number of simulations (MCMC's best strategy gets the same SFB and fusion pass, so
+the two searches are compared on equal terms); search times. A markdown table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from rich.progress import Progress
+
+from tag.cluster import resolve_cluster
+from tag.graph.resolve import resolve_model
+from tag.planner import PlanConfig, plan_training
+
+TAG_MODELS = ("inception-v3", "resnet101", "vgg19", "transformer", "bert-small", "bert-large")
+CLUSTERS = ("tag-testbed", "tag-cloud")
+
+
+def evaluator_from(path: str | None):
+    if path is None:
+        from tag.search import uniform_evaluator
+
+        return uniform_evaluator, "uniform"
+    import torch
+
+    from tag.policy import GNNEvaluator, load_policy
+
+    torch.set_num_threads(1)
+    return GNNEvaluator(load_policy(path).model), path
+
+
+def run(model: str, cluster_name: str, args, evaluator) -> dict:
+    graph = resolve_model(model)
+    cluster = resolve_cluster(cluster_name)
+    config = PlanConfig(num_groups=args.num_groups, max_iterations=args.budget, seed=args.seed)
+    tag = plan_training(graph, cluster, config=config, evaluator=evaluator)
+    # MCMC gets as many simulations as MCTS used (each MCMC iteration is at most one simulation).
+    mcmc_config = PlanConfig(num_groups=args.num_groups, max_iterations=max(1, tag.search.num_simulations),
+                             search="mcmc", seed=args.seed)
+    mcmc = plan_training(graph, cluster, config=mcmc_config)
+    speedups = tag.speedup_over()
+    return {
+        "model": model, "cluster": cluster_name, "batch_size": graph.batch_size,
+        "iteration_time_s": tag.iteration_time_s, "feasible": bool(tag.result.feasible),
+        "speedup_over": {**speedups,
+                         "mcmc": mcmc.iteration_time_s / tag.iteration_time_s if tag.result.feasible else None},
+        "search_speedup_over_dp_nccl": tag.search.best_speedup,
+        "mcmc_iteration_time_s": mcmc.iteration_time_s, "mcmc_simulations": mcmc.search.num_simulations,
+        "simulations": tag.search.num_simulations, "search_time_s": tag.search.search_time_s,
+        "mcmc_search_time_s": mcmc.search.search_time_s, "first_beat_iteration": tag.search.first_beat_iteration,
+        "sfb_groups": len(tag.sfb.plan.groups) if tag.sfb is not None else 0, "fusion": tag.fusion_bytes is not None,
+        "baselines": {b["name"]: b["iteration_time_s"] for b in tag.summary()["baselines"]},
+    }
+
+
+def ratio(value) -> str:
+    return f"{value:.2f}x" if value else "-"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=list(TAG_MODELS))
+    parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
+    parser.add_argument("--budget", type=int, default=200, help="MCTS iterations per plan (default 200)")
+    parser.add_argument("--num-groups", type=int, default=60)
+    parser.add_argument("--policy", help="GNN checkpoint for the priors (default: uniform, pure MCTS)")
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    evaluator, priors = evaluator_from(args.policy)
+    rows = []
+    with Progress(transient=True) as progress:
+        task = progress.add_task("planning", total=len(args.models) * len(args.clusters))
+        for cluster_name in args.clusters:
+            for model in args.models:
+                progress.update(task, description=f"{model} on {cluster_name}")
+                rows.append(run(model, cluster_name, args, evaluator))
+                progress.advance(task)
+    print(f"priors: {priors}; {args.budget} MCTS iterations; MCMC with the same number of simulations\n")
+    print("| cluster | model | tag iteration | vs DP-NCCL | vs DP-NCCL-P | vs Horovod | vs MCMC | search (s) | MCMC (s) |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        s = r["speedup_over"]
+        print(f"| {r['cluster']} | {r['model']} | {r['iteration_time_s'] * 1e3:.1f} ms | {ratio(s['dp-nccl'])} | "
+              f"{ratio(s['dp-nccl-p'])} | {ratio(s['horovod'])} | {ratio(s['mcmc'])} | {r['search_time_s']:.1f} | "
+              f"{r['mcmc_search_time_s']:.1f} |")
+    print(json.dumps({"benchmark": "plan", "priors": priors, "budget": args.budget, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
