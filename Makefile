@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-MODEL ?= resnet101
+MODEL ?= vgg19
 CLUSTER ?= tag-testbed
 PYTEST_ARGS ?= -n 2
 
@@ -17,9 +17,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# The main job on built-in defaults: a zoo model on a preset cluster.
+# The main job on built-in defaults: plan a zoo model on a preset cluster (uniform priors until a trained
+# policy ships in checkpoints/).
 run: $(STAMP)
-	$(BIN)/tag show $(MODEL) --cluster $(CLUSTER)
+	$(BIN)/tag plan $(MODEL) --cluster $(CLUSTER)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
@@ -29,6 +30,8 @@ datasets: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python scripts/check_cost_model.py
+	$(BIN)/python scripts/bench_sim.py
+	$(BIN)/python scripts/bench_plan.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache
