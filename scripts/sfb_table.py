@@ -7,9 +7,8 @@
 TAG §5.6: two machines with one GTX 1080Ti each, batch 4 (2 per replica). For each model:
 
 - **DP-NCCL**: data parallelism with a ring all-reduce per bundle of gradients, compiled and simulated;
-- **tag\\***: a placement found by greedy descent (from the better of DP all-reduce and DP parameter server,
-  re-decide the ``--greedy-groups`` most expensive groups one at a time over every candidate action, each
-  candidate simulated). A stand-in for TAG's MCTS until tag.search lands: read it as "a TAG placement";
+- **tag**: the placement of :func:`tag.planner.plan_training` (MCTS, ``--budget`` iterations, uniform
+  priors) without its SFB and fusion passes;
 - each **with SFB** twice: the *estimate* of :class:`tag.sfb.SFBPlan` (time without SFB minus the plan's
   serialised saving; the program's model, which ignores overlap and queueing) and a *simulation* of the
   plan written into the graph (:meth:`SFBPlan.rewritten_group_graph`, compiled with the same strategy by
@@ -39,9 +38,10 @@ from tag.cluster.build import Machine, build_cluster
 from tag.compiler import compile_strategy
 from tag.graph.io import load_graph
 from tag.graph.resolve import prebuilt_path, resolve_model
-from tag.grouping import DEFAULT_NUM_GROUPS, group_ops
+from tag.grouping import DEFAULT_NUM_GROUPS
+from tag.planner import PlanConfig, plan_training
 from tag.sfb import SFBCache, select_sfb
-from tag.strategy import ALLREDUCE, OPTIONS, PS, Strategy, candidate_actions
+from tag.strategy import OPTIONS, Strategy
 from tag.units import parse_bandwidth
 
 TABLE5_MODELS = ("inception-v3", "resnet101", "vgg19", "transformer", "bert-small", "bert-large")
@@ -51,25 +51,6 @@ def simulate(group_graph, strategy, cluster) -> float:
     """Simulated seconds per iteration; inf when the plan does not fit in memory."""
     result = compile_strategy(group_graph, strategy, cluster).simulate(feedback=False)
     return result.iteration_time if result.feasible else float("inf")
-
-
-def greedy_placement(group_graph, cluster, *, groups: int) -> tuple[Strategy, float, int]:
-    """Greedy descent over the candidate actions of the most expensive groups: (strategy, time, simulations)."""
-    starts = [Strategy.data_parallel(group_graph.num_groups, cluster, option=o) for o in (ALLREDUCE, PS)]
-    best_time, best = min(((simulate(group_graph, s, cluster), s) for s in starts), key=lambda pair: pair[0])
-    masks, options = candidate_actions(cluster)
-    count = 2
-    for g in group_graph.order_by_compute()[:groups].tolist():
-        current = best
-        for mask, option in zip(masks, options):
-            candidate = current.with_group(g, mask, int(option))
-            if candidate == current:
-                continue
-            elapsed = simulate(group_graph, candidate, cluster)
-            count += 1
-            if elapsed < best_time:
-                best, best_time = candidate, elapsed
-    return best, best_time, count
 
 
 def with_sfb(group_graph, strategy, cluster, base_time: float, cache: SFBCache) -> dict:
@@ -92,15 +73,17 @@ def run_model(name: str, cluster, args, cache: SFBCache) -> dict:
         graph = resolve_model(name, batch_size=args.batch)
     else:
         graph = load_graph(prebuilt_path(name)).with_batch_size(args.batch)
-    group_graph = group_ops(graph, num_groups=args.groups, gpus=cluster)
+    outcome = plan_training(graph, cluster, config=PlanConfig(num_groups=args.groups, max_iterations=args.budget,
+                                                              sfb=False, fusion=False))
+    group_graph = outcome.group_graph
     dp = Strategy.data_parallel(group_graph.num_groups, cluster)
     dp_time = simulate(group_graph, dp, cluster)
-    tag_strategy, tag_time, evaluations = greedy_placement(group_graph, cluster, groups=args.greedy_groups)
+    tag_strategy, tag_time = outcome.strategy, outcome.iteration_time_s
     options = dict(zip(*np.unique([OPTIONS[o] for o in tag_strategy.option], return_counts=True)))
     return {"model": name, "ops": graph.num_ops, "groups": group_graph.num_groups,
             "dp_nccl_s": dp_time, "dp_sfb": with_sfb(group_graph, dp, cluster, dp_time, cache),
             "tag_s": tag_time, "tag_sfb": with_sfb(group_graph, tag_strategy, cluster, tag_time, cache),
-            "tag_options": {k: int(v) for k, v in options.items()}, "tag_simulations": evaluations,
+            "tag_options": {k: int(v) for k, v in options.items()}, "tag_simulations": outcome.search.num_simulations,
             "seconds": time.perf_counter() - started}
 
 
@@ -109,8 +92,8 @@ def speedup(before: float, after: float) -> str:
 
 
 def print_table(rows: list[dict], network: str) -> None:
-    header = ("model", "DP-NCCL", "+SFB est.", "+SFB sim.", "speed-up", "tag*", "+SFB est.", "+SFB sim.", "speed-up",
-              "SFB grads DP", "SFB grads tag*")
+    header = ("model", "DP-NCCL", "+SFB est.", "+SFB sim.", "speed-up", "tag", "+SFB est.", "+SFB sim.", "speed-up",
+              "SFB grads DP", "SFB grads tag")
     lines = [header]
     for r in rows:
         dp, tag = r["dp_sfb"], r["tag_sfb"]
@@ -127,7 +110,7 @@ def print_table(rows: list[dict], network: str) -> None:
     print("est. = the SFB estimate (time without SFB minus the SFBPlan's serialised saving), NOT a simulation;")
     print("sim. = the SFB plan written into the graph and simulated (prototype of the compiler integration),")
     print("       kept only in the groups where the simulator finds it helps (JSON: whole plan too);")
-    print("speed-up = without / with SFB (sim.) - 1, as in TAG Table 5; tag* = greedy placement, a stand-in for MCTS.")
+    print("speed-up = without / with SFB (sim.) - 1, as in TAG Table 5; tag = the MCTS placement of tag plan.")
 
 
 def main() -> None:
@@ -136,7 +119,7 @@ def main() -> None:
     parser.add_argument("--network", default="10Gbps", help="bandwidth between the two machines (default 10Gbps)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--groups", type=int, default=DEFAULT_NUM_GROUPS, help="op groups (METIS)")
-    parser.add_argument("--greedy-groups", type=int, default=12, help="groups the tag* placement re-decides")
+    parser.add_argument("--budget", type=int, default=200, help="MCTS iterations of the tag placement")
     parser.add_argument("--retrace", action="store_true", help="trace at --batch instead of rescaling")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args()
