@@ -1,15 +1,21 @@
-"""Evaluations per second of the search's inner loop: compile a strategy, then run the fast simulator.
+"""Evaluations per second of the search's inner loop: strategy → iteration time, memory, feedback.
 
     python scripts/bench_sim.py                      # BERT-Large, 60 groups, tag-testbed, 200 strategies
     python scripts/bench_sim.py --strategies 50 --profile
 
-Two workloads, each at the granularities asked for:
+It measures :class:`tag.compiler.StrategyEvaluator` (what search calls, through
+:func:`tag.compiler.evaluate_strategy`), and for comparison the plain path it reproduces bit for bit,
+``simulate_fast(compile_strategy(...).taskgraph)``, on the first ``--compare`` strategies. Workloads:
 
-- ``random``: independent random strategies (each group on a random set of device groups with a random
-  option): nothing is reused between evaluations but the strategy-independent tables;
-- ``search``: what MCTS evaluates, a walk that re-decides one group at a time from data parallelism, so
-  the per-group layouts and per-bundle plans the compiler caches are mostly warm.
+- ``search``: a walk that re-decides one group at a time from data parallelism (an MCTS path deepening);
+- ``uniform``: every group on one random candidate layout (MCTS's first sweep over the root's children,
+  where the default fill changes every group at once);
+- ``random``: independent random strategies (each group on its own random set of device groups).
 
+Per workload: ``evals_per_s`` with a fresh evaluator (every new (group, layout) and (pair, layouts)
+fragment is compiled on its first use, as in a search), ``warm_evals_per_s`` on a second pass (every
+fragment cached: the cost of the kernels alone), both with feedback (``--no-feedback`` to skip it). The
+compile path runs on a fresh Cluster object, its caches cold.
 Single process, one thread. Prints a table, optionally the cProfile hot spots, and ends with one JSON line.
 """
 
@@ -25,11 +31,11 @@ import time
 import numpy as np
 
 from tag.cluster import resolve_cluster
-from tag.compiler import compile_strategy, random_strategy
+from tag.compiler import StrategyEvaluator, compile_strategy, random_strategy
 from tag.graph.resolve import resolve_model
 from tag.grouping import group_ops
 from tag.sim import simulate_fast
-from tag.strategy import OPTIONS, Strategy
+from tag.strategy import OPTIONS, Strategy, candidate_actions
 
 
 def search_walk(num_groups: int, cluster, count: int, seed: int) -> list[Strategy]:
@@ -45,30 +51,47 @@ def search_walk(num_groups: int, cluster, count: int, seed: int) -> list[Strateg
     return walk
 
 
-def measure(group_graph, cluster, strategies, granularity: str) -> dict:
-    """Compile and simulate each strategy once; times per evaluation in ms."""
+def uniform_sweep(num_groups: int, cluster, count: int, seed: int) -> list[Strategy]:
+    """``count`` strategies placing every group on one candidate layout, distinct layouts drawn at random."""
+    masks, options = candidate_actions(cluster)
+    rng = np.random.default_rng(seed)
+    picks = rng.permutation(len(options))[:count]
+    return [Strategy.from_cluster(cluster, np.repeat(masks[a][None, :], num_groups, axis=0),
+                                  np.full(num_groups, options[a])) for a in picks]
+
+
+def measure(evaluator: StrategyEvaluator, strategies: list[Strategy], *, feedback: bool) -> float:
+    """Evaluations per second over ``strategies``."""
+    t0 = time.perf_counter()
+    for strategy in strategies:
+        evaluator(strategy, feedback=feedback)
+    return len(strategies) / (time.perf_counter() - t0)
+
+
+def measure_compile_path(group_graph, cluster_name: str, strategies, granularity: str, *, feedback: bool) -> dict:
+    """The plain path: compile_strategy, then simulate_fast on its TaskGraph; times per evaluation in ms. On a
+    fresh Cluster object, so that none of the compiler's per-cluster caches are warm from the evaluator."""
+    cluster = resolve_cluster(cluster_name)
     compile_s = simulate_s = 0.0
-    tasks = []
     for strategy in strategies:
         t0 = time.perf_counter()
         plan = compile_strategy(group_graph, strategy, cluster, granularity=granularity)
         t1 = time.perf_counter()
-        simulate_fast(plan.taskgraph, feedback=False)
-        t2 = time.perf_counter()
+        simulate_fast(plan.taskgraph, feedback=feedback)
         compile_s += t1 - t0
-        simulate_s += t2 - t1
-        tasks.append(plan.taskgraph.num_tasks)
+        simulate_s += time.perf_counter() - t1
     n = len(strategies)
-    return {"evals_per_s": n / (compile_s + simulate_s), "compile_ms": 1e3 * compile_s / n,
-            "simulate_ms": 1e3 * simulate_s / n, "tasks": float(np.mean(tasks))}
+    return {"compile_path_evals_per_s": n / (compile_s + simulate_s), "compile_ms": 1e3 * compile_s / n,
+            "simulate_ms": 1e3 * simulate_s / n}
 
 
-def hot_spots(group_graph, cluster, strategies, granularity: str, top: int = 12) -> str:
+def hot_spots(group_graph, cluster, strategies, granularity: str, top: int = 14) -> str:
+    evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity)
+    evaluator(strategies[0])
     profile = cProfile.Profile()
     profile.enable()
     for strategy in strategies:
-        simulate_fast(compile_strategy(group_graph, strategy, cluster, granularity=granularity).taskgraph,
-                      feedback=False)
+        evaluator(strategy)
     profile.disable()
     out = io.StringIO()
     pstats.Stats(profile, stream=out).sort_stats("tottime").print_stats(top)
@@ -81,8 +104,11 @@ def main() -> None:
     parser.add_argument("--cluster", default="tag-testbed")
     parser.add_argument("--groups", type=int, default=60)
     parser.add_argument("--strategies", type=int, default=200)
+    parser.add_argument("--compare", type=int, default=10, help="strategies run through compile_strategy too")
     parser.add_argument("--granularity", nargs="+", default=["group", "part"])
-    parser.add_argument("--workload", nargs="+", default=["search", "random"], choices=["search", "random"])
+    parser.add_argument("--workload", nargs="+", default=["search", "uniform", "random"],
+                        choices=["search", "uniform", "random"])
+    parser.add_argument("--no-feedback", dest="feedback", action="store_false", help="skip Table 1 feedback")
     parser.add_argument("--profile", action="store_true", help="print cProfile hot spots per granularity")
     args = parser.parse_args()
 
@@ -91,31 +117,42 @@ def main() -> None:
     t0 = time.perf_counter()
     group_graph = group_ops(graph, num_groups=args.groups, gpus=cluster)
     grouping_s = time.perf_counter() - t0
-    workloads = {"search": search_walk(group_graph.num_groups, cluster, args.strategies, seed=0),
-                 "random": [random_strategy(group_graph.num_groups, cluster, seed=k) for k in range(args.strategies)]}
+    g = group_graph.num_groups
+    workloads = {"search": search_walk(g, cluster, args.strategies, seed=0),
+                 "uniform": uniform_sweep(g, cluster, args.strategies, seed=0),
+                 "random": [random_strategy(g, cluster, seed=k) for k in range(args.strategies)]}
     rows = []
     for granularity in args.granularity:
-        t0 = time.perf_counter()
-        compile_strategy(group_graph, Strategy.data_parallel(group_graph.num_groups, cluster), cluster,
-                         granularity=granularity)  # builds the strategy-independent tables once
-        tables_s = time.perf_counter() - t0
         for workload in args.workload:
-            row = measure(group_graph, cluster, workloads[workload], granularity)
-            rows.append({"granularity": granularity, "workload": workload, "tables_s": tables_s, **row})
-    print(f"{args.model}: {graph.num_ops} ops -> {group_graph.num_groups} groups ({grouping_s:.2f} s), "
-          f"{cluster.name}: {cluster.num_devices} devices, {args.strategies} strategies per workload, one process")
-    print(f"{'granularity':<12}{'workload':<10}{'evals/s':>9}{'compile ms':>12}{'simulate ms':>13}{'tasks':>9}"
-          f"{'tables s':>10}")
+            strategies = workloads[workload]
+            t0 = time.perf_counter()
+            # room for every fragment of the workload, so that the second pass measures the kernels alone
+            evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, max_cached_tasks=30_000_000)
+            result = evaluator(Strategy.data_parallel(g, cluster))  # tables; kernels compiled if not cached
+            setup_s = time.perf_counter() - t0
+            row = {"granularity": granularity, "workload": workload, "setup_s": setup_s,
+                   "evals_per_s": measure(evaluator, strategies, feedback=args.feedback),
+                   "warm_evals_per_s": measure(evaluator, strategies, feedback=args.feedback),
+                   "tasks": float(np.mean([evaluator(s, feedback=False).start.size for s in strategies[:20]])),
+                   "dp_time_s": result.iteration_time}
+            row.update(measure_compile_path(group_graph, args.cluster, strategies[:args.compare], granularity,
+                                            feedback=args.feedback))
+            rows.append(row)
+    print(f"{args.model}: {graph.num_ops} ops -> {g} groups ({grouping_s:.2f} s), {cluster.name}: "
+          f"{cluster.num_devices} devices, {args.strategies} strategies per workload, one process, "
+          f"feedback {'on' if args.feedback else 'off'}")
+    print(f"{'granularity':<12}{'workload':<9}{'evals/s':>9}{'warm/s':>9}{'tasks':>8}   "
+          f"{'compile_strategy+simulate_fast: evals/s':>40}")
     for r in rows:
-        print(f"{r['granularity']:<12}{r['workload']:<10}{r['evals_per_s']:>9.1f}{r['compile_ms']:>12.1f}"
-              f"{r['simulate_ms']:>13.1f}{r['tasks']:>9.0f}{r['tables_s']:>10.2f}")
+        print(f"{r['granularity']:<12}{r['workload']:<9}{r['evals_per_s']:>9.1f}{r['warm_evals_per_s']:>9.1f}"
+              f"{r['tasks']:>8.0f}   {r['compile_path_evals_per_s']:>40.1f}")
     if args.profile:
         for granularity in args.granularity:
-            print(f"\n--- hot spots, {granularity} granularity, random workload (first 20 strategies) ---")
-            print(hot_spots(group_graph, cluster, workloads["random"][:20], granularity))
-    print(json.dumps({"model": args.model, "cluster": args.cluster, "groups": group_graph.num_groups,
-                      "devices": cluster.num_devices, "strategies": args.strategies,
-                      "results": [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]}))
+            print(f"\n--- hot spots, {granularity} granularity, search workload (first 100 strategies) ---")
+            print(hot_spots(group_graph, cluster, workloads["search"][:100], granularity))
+    results = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+    print(json.dumps({"model": args.model, "cluster": args.cluster, "groups": g, "devices": cluster.num_devices,
+                      "strategies": args.strategies, "feedback": args.feedback, "results": results}))
 
 
 if __name__ == "__main__":

@@ -12,9 +12,12 @@ from tag.compiler import (
     ADAM_COPIES,
     CompileCheckError,
     CompileError,
+    StrategyEvaluator,
     check_compiled,
     compile_strategy,
+    evaluate_strategy,
     random_strategy,
+    strategy_evaluator,
 )
 from tag.cost import CostModel
 from tag.graph import ROLE_BACKWARD, ROLE_FORWARD, ROLE_INPUT, ROLE_OPTIMIZER, OpGraph
@@ -325,6 +328,83 @@ def test_checker_catches_broken_compilations(chain, one_layer):
         check_compiled(plan.with_deliveries([reduce, reduce]))
 
 
+# ------------------------------------------------------------------------------------------ the evaluator
+
+
+def assert_same_result(got, expected):
+    """Bit for bit: schedule and memory; feedback up to the order of float sums."""
+    np.testing.assert_array_equal(got.start, expected.start)
+    np.testing.assert_array_equal(got.finish, expected.finish)
+    np.testing.assert_array_equal(got.peak_memory, expected.peak_memory)
+    assert (got.iteration_time, got.feasible, got.oom_device) == (expected.iteration_time, expected.feasible,
+                                                                  expected.oom_device)
+    for name, a, b in zip(expected.feedback._fields, expected.feedback, got.feedback):
+        np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-15, err_msg=name)
+
+
+@pytest.mark.parametrize("granularity", ["group", "part"])
+@pytest.mark.parametrize("model, cluster_name", [
+    ("bert-large", "tag-testbed"), ("dlrm", "tag-cloud"), ("resnet101", "tag-random:seed=3"),
+    ("vgg19", "dgx1x4"),  # device groups smaller than machines
+    ("mmt", "random-blk-1"),  # 64 devices, no shared NIC
+])
+def test_evaluator_equals_compile_then_simulate_fast(model, cluster_name, granularity):
+    """StrategyEvaluator assembles cached fragments into the TaskGraph compile_strategy builds: same tasks,
+    same ids, so the same result. Random strategies (all four options, both batch splits, model-parallel
+    groups among them) and a walk that re-places one group at a time; each evaluated cold (fragments
+    compiled) and warm (fragments cached)."""
+    cluster = resolve_cluster(cluster_name)
+    gg = group_ops(resolve_model(model, tiny=True), num_groups=30, gpus=cluster)
+    evaluator = StrategyEvaluator(gg, cluster, granularity=granularity)
+    strategies = [random_strategy(gg.num_groups, cluster, seed=k) for k in range(4)]
+    rng = np.random.default_rng(0)
+    walk = Strategy.data_parallel(gg.num_groups, cluster)
+    for _ in range(4):
+        row = rng.random(cluster.num_device_groups) < 0.5
+        row[rng.integers(cluster.num_device_groups)] = True
+        walk = walk.with_group(int(rng.integers(gg.num_groups)), row, int(rng.integers(4)))
+        strategies.append(walk)
+    for strategy in strategies:
+        cold = evaluator(strategy)
+        expected = simulate_fast(compile_strategy(gg, strategy, cluster, granularity=granularity).taskgraph)
+        assert_same_result(cold, expected)
+        assert_same_result(evaluator(strategy), expected)
+
+
+def test_evaluator_cache_bound_and_entry_points(bert_tiny):
+    gg, cluster = bert_tiny
+    strategies = [random_strategy(gg.num_groups, cluster, seed=k) for k in range(3)]
+    small = StrategyEvaluator(gg, cluster, max_cached_tasks=100)  # emptied before almost every evaluation
+    for strategy in strategies:
+        expected = simulate_fast(compile_strategy(gg, strategy, cluster).taskgraph)
+        assert_same_result(small(strategy), expected)
+        assert_same_result(evaluate_strategy(gg, strategy, cluster), expected)
+    assert strategy_evaluator(gg, cluster) is strategy_evaluator(gg, cluster)  # cached with the cluster's tables
+    assert evaluate_strategy(gg, strategies[0], cluster, feedback=False).feedback is None
+
+
+def test_evaluator_refuses_bad_strategies_and_reports_oom(bert_tiny, one_layer):
+    gg, cluster = bert_tiny
+    evaluator = strategy_evaluator(gg, cluster)
+    with pytest.raises(CompileError, match="op groups"):
+        evaluator(Strategy.data_parallel(gg.num_groups + 1, cluster))
+    with pytest.raises(CompileError, match="device groups"):
+        evaluator(Strategy.data_parallel(gg.num_groups, resolve_cluster("tag-cloud")))
+    with pytest.raises(CompileError, match="expected a Strategy"):
+        evaluator("data parallel")
+    with pytest.raises(CompileError, match="granularity"):
+        StrategyEvaluator(gg, cluster, granularity="layer")
+    graph, param = one_layer
+    big = dataclasses.replace(graph, param_bytes=graph.param_bytes * 8)
+    small = make_cluster(1, [0], gpus=["1080ti"])
+    big_gg = GroupGraph.from_assignment(big, np.zeros(5, dtype=int), gpus=small)
+    strategy = Strategy.from_cluster(small, [[1]], [DUPLICATE])
+    result = evaluate_strategy(big_gg, strategy, small)
+    assert not result.feasible and result.oom_device == 0
+    with pytest.raises(OOMError, match=r"device 0 \(1080ti"):
+        evaluate_strategy(big_gg, strategy, small, raise_on_oom=True)
+
+
 # ------------------------------------------------------------------------------------------ fast path vs reference
 
 AGREEMENT_MODELS = ["vgg19", "candle-uno", "dlrm"]
@@ -334,19 +414,19 @@ STRATEGIES_PER_CASE = 23  # 3 models x 3 clusters x 23 = 207 strategies
 
 @pytest.mark.slow
 def test_fast_path_agrees_with_reference():
-    """The same strategy compiled at group granularity and run by the fast path, and at op granularity run
-    by the event-driven reference, on 207 seeded random strategies (3 full-size small models x 3 clusters).
+    """What search runs (:func:`evaluate_strategy`: group granularity, the fast path, equal bit for bit to
+    compiling with compile_strategy and running simulate_fast) against the event-driven reference at op
+    granularity, on 207 seeded random strategies (3 full-size small models x 3 clusters).
 
-    94 % agree within 3 % (median 0.07 %). The rest are list-scheduling anomalies of the FIFO queues, not
-    modelling differences: both granularities do the same work on the same resources (same bytes per link,
-    same collective and compute seconds), but a strict FIFO is discontinuous in ready times. When a
-    transfer becomes ready a few milliseconds later (at op level its producer shares the device with
-    other groups' ops; at group level the ops between two boundary tensors run as one task), it can queue
-    behind seconds of another transfer on a shared NIC, or two collectives over overlapping devices pack
-    in the other order. Example: candle-uno on tag-cloud, seed 11009: a 49 kB transfer 16 -> 22 into group
-    27 is ready at 8.839 s in the group plan and at 8.846 s in the op plan, starts at 8.881 s and at
-    13.393 s, and the iterations take 21.4 s and 26.0 s. The reference shows the same jumps by itself: perturbing its
-    task durations by 0.1 % moves some iterations by 4 %. Only op granularity removes them entirely.
+    95 % agree within 3 % (84 % within 1 %, median 0.04 %, 95th percentile 3.0 %, max 17 %). The rest are
+    list-scheduling anomalies of the FIFO queues, not modelling differences: both granularities do the same
+    work on the same resources (same bytes per link, same collective and compute seconds), but a strict
+    FIFO is discontinuous in ready times. When a transfer becomes ready a few milliseconds later (at op level
+    its producer shares the device with other groups' ops; at group level the ops between two boundary
+    tensors run as one task), it can queue behind seconds of another transfer on a shared NIC, or two
+    collectives over overlapping devices pack in the other order. The reference shows the same jumps by
+    itself: perturbing its task durations by 0.1 % moves some iterations by 4 %. Only op granularity
+    removes them entirely.
     """
     errors = []
     for m, model in enumerate(AGREEMENT_MODELS):
@@ -356,13 +436,13 @@ def test_fast_path_agrees_with_reference():
             gg = group_ops(graph, num_groups=60, gpus=cluster)
             for k in range(STRATEGIES_PER_CASE):
                 strategy = random_strategy(gg.num_groups, cluster, seed=10000 * m + 1000 * c + k)
-                fast = simulate_fast(compile_strategy(gg, strategy, cluster).taskgraph, feedback=False)
+                fast = evaluate_strategy(gg, strategy, cluster, feedback=False)
                 reference = simulate(compile_strategy(gg, strategy, cluster, granularity="op").taskgraph,
                                      feedback=False)
                 errors.append(fast.iteration_time / reference.iteration_time - 1)
     errors = np.abs(errors)
     assert len(errors) >= 200
-    assert (errors <= 0.03).mean() >= 0.9, f"only {(errors <= 0.03).mean():.1%} within 3 %"
+    assert (errors <= 0.03).mean() >= 0.92, f"only {(errors <= 0.03).mean():.1%} within 3 %"
     assert np.median(errors) <= 0.002
     assert np.quantile(errors, 0.95) <= 0.05
     assert errors.max() <= 0.25

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from tag.cluster import Cluster, tag_random
 from tag.errors import GraphError, TagError
+from tag.sim import kernels
 from tag.sim import (
     NO_GROUP,
     RES_LINK,
@@ -356,3 +360,48 @@ def test_random_graph_respects_dependencies_and_resources():
         tasks = tasks[np.lexsort((result.finish[tasks], result.start[tasks]))]
         assert (result.start[tasks][1:] >= result.finish[tasks][:-1]).all()  # one at a time
     assert tg.group.min() >= NO_GROUP
+
+
+# ------------------------------------------------------------------------------------------- kernels
+
+
+def test_radix_order_is_a_stable_sort():
+    rng = np.random.default_rng(0)
+    times = np.concatenate([rng.random(700) * 10, np.round(rng.random(700) * 10, 1), np.zeros(30), [-0.0] * 5,
+                            [5e-324, 1e-300, 1e300, 3.0, 3.0]])
+    rng.shuffle(times)
+    order = kernels._radix_order(times)
+    np.testing.assert_array_equal(order, np.argsort(times + 0.0, kind="stable"))
+    assert kernels._radix_order(np.zeros(0)).size == 0
+
+
+@pytest.mark.skipif(not kernels.COMPILED, reason="the kernels are plain Python already")
+def test_kernels_agree_with_their_python_source():
+    """The fallback without numba runs the same source; check that the source alone gives the same schedule."""
+    tg = random_taskgraph(tag_random(seed=2, machines=2), 150, seed=2, tie_fraction=0.6)
+    args = (tg.duration, tg.res_ptr, tg.res, tg.succ_ptr, tg.succ, np.diff(tg.dep_ptr), tg.num_resources)
+    start, finish = kernels.list_schedule(*args)
+    start_py, finish_py = kernels.list_schedule.py_func(*args)
+    np.testing.assert_array_equal(start, start_py)
+    np.testing.assert_array_equal(finish, finish_py)
+    dep_task = np.repeat(np.arange(tg.num_tasks), np.diff(tg.dep_ptr))
+    doubled = (np.concatenate([dep_task, dep_task[:10]]), np.concatenate([tg.dep, tg.dep[:10]]))  # duplicates
+    for got in (kernels.successors_csr(tg.num_tasks, *doubled), kernels.successors_csr.py_func(tg.num_tasks, *doubled)):
+        succ_ptr, succ, indegree = got
+        np.testing.assert_array_equal(indegree, np.diff(tg.dep_ptr))
+        for task in range(tg.num_tasks):
+            assert sorted(succ[succ_ptr[task]:succ_ptr[task + 1]].tolist()) == tg.successors(task).tolist()
+
+
+def test_without_numba_the_fast_path_still_matches_the_reference():
+    script = ("import numpy as np\n"
+              "from tag.cluster import tag_random\n"
+              "from tag.sim import kernels, random_taskgraph, simulate, simulate_fast\n"
+              "assert not kernels.COMPILED\n"
+              "tg = random_taskgraph(tag_random(seed=1, machines=2), 80, seed=1, tie_fraction=0.5)\n"
+              "a, b = simulate(tg), simulate_fast(tg)\n"
+              "assert np.array_equal(a.start, b.start) and np.array_equal(a.finish, b.finish)\n"
+              "assert np.allclose(a.peak_memory, b.peak_memory, rtol=1e-9)\n")
+    env = dict(os.environ, TAG_NO_NUMBA="1")
+    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr

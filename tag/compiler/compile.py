@@ -46,6 +46,12 @@ Memory (reference counting in the simulator): per device one persistent tensor o
 bytes of the ops placed there (parameter, gradient buffer, Adam's two moments); the activations each
 compute task outputs for other units (freed when their last reader on the device, or the transfer
 sending them, finishes), and every received tensor on its destination.
+
+A bundle's plan is its *skeleton* (which device sends which fraction of which category's bytes to which,
+what stays local, what a collective syncs; cached per category kinds and pair of layouts, so all the
+bundles of one kind share it) filled with the bundle's bytes. The search's evaluator
+(:mod:`tag.compiler.evaluate`) compiles strategies as fragments — ``_Compiler.group_fragment``,
+``pair_fragment`` — numbered so that assembling them gives this module's TaskGraph task for task.
 """
 
 from __future__ import annotations
@@ -308,8 +314,8 @@ class _Request(NamedTuple):
 class _Compiler:
     """The state of one compilation: task and tensor columns as Python lists."""
 
-    def __init__(self, tables: CompilerTables, context: ClusterContext, strategy: Strategy,
-                 fusion_bytes: float | None) -> None:
+    def __init__(self, tables: CompilerTables, context: ClusterContext, strategy: Strategy | None,
+                 fusion_bytes: float | None, *, dense_links: bool = False) -> None:
         self.tables = tables
         self.context = context
         self.strategy = strategy
@@ -330,6 +336,12 @@ class _Compiler:
         self.labels: list[str] = []
         self.links: dict[tuple[int, int], int] = {}
         self.link_base = 2 * self.num_devices + 2 * self.cluster.num_machines
+        # Fragments compiled apart (tag.compiler.evaluate) cannot number links by first use: there the link
+        # src -> dst is resource link_base + src * D + dst, renumbered once the fragments are assembled.
+        self.dense_links = dense_links
+        self.first_task = 0  # id of the first task this compiler creates (a pair fragment numbers after its blocks)
+        self.first_tensor = 0
+        self.records = True  # keep inserted ops and deliveries (compile_strategy; fragments do not)
         # tensor columns
         self.tensor_device: list[int] = []
         self.tensor_bytes: list[float] = []
@@ -351,43 +363,99 @@ class _Compiler:
         num_groups = strategy.num_groups
         self.layouts = layouts = tuple(group_layout(tables, context, strategy, g) for g in range(num_groups))
         mp = [layout.model_parallel for layout in layouts]
-        op_unit = tables.op_unit
-        if any(mp):
-            op_unit = op_unit.copy()
-            for g in np.flatnonzero(mp).tolist():
-                for k, piece in enumerate(layouts[g].pieces):
-                    op_unit[piece.ops] = self._piece_unit(g, k)
+        op_unit = self._op_unit(range(num_groups))
         for g in tables.group_order.tolist():
-            if mp[g]:
-                self._model_parallel_tasks(g)
-            else:
-                self._replica_tasks(g)
+            self._compute_tasks(g)
         for g in tables.group_order.tolist():
             if not mp[g]:
                 self._local_dependencies(g)
-        plans = context.plans
-        if len(plans) > _MAX_CACHED_PLANS:  # a long search: start over rather than grow without bound
-            plans.clear()
+        if len(context.plans) > _MAX_CACHED_PLANS:  # a long search: start over rather than grow without bound
+            context.plans.clear()
         for pair in tables.pair_uses:
-            group_p, group_c = pair
-            layout_p, layout_c = layouts[group_p], layouts[group_c]
-            if mp[group_p] or mp[group_c]:
-                bundles = self._dynamic_bundles(pair, op_unit, mp)
-            else:
-                bundles = tables.bundles.get(pair, ())
-            for bundle in bundles:
-                key = (id(bundle), layout_p.key, layout_c.key)
-                plan = plans.get(key)
-                if plan is None:
-                    plan = plans[key] = self._plan_bundle(bundle, layout_p, layout_c)
-                self._instantiate(bundle, plan)
+            self._pair(pair, op_unit, mp)
         self._emit_collectives()
-        persistent = self._persistent_memory()
+        persistent = self._persistent_memory(range(num_groups))
         taskgraph = self._taskgraph(num_groups)
         return CompiledPlan(taskgraph=taskgraph, group_graph=tables.group_graph, strategy=strategy,
                             cluster=self.cluster, granularity=tables.granularity, layouts=layouts,
                             inserted=self.inserted, delivery_log=self.deliveries, unit_tasks=self.unit_tasks,
                             op_unit=op_unit, tables=tables, persistent_bytes=persistent)
+
+    def group_fragment(self, layout: GroupLayout) -> tuple[dict, dict, int, int]:
+        """The evaluator's fragment of one group: only its compute tasks (with their output tensors), the
+        dependencies among them and its persistent memory, numbered from 0. Returns what a pair fragment
+        needs to refer to them: (unit -> (first task, {device: offset}), unit -> first output tensor, compute
+        tasks, output tensors)."""
+        g = layout.group
+        self.layouts = {g: layout}
+        self._compute_tasks(g)
+        blocks = (dict(self.unit_tasks), dict(self.unit_tensor), len(self.kind), len(self.tensor_device))
+        if not layout.model_parallel:
+            self._local_dependencies(g)
+        self._persistent_memory([g])
+        return blocks
+
+    def pair_fragment(self, layout_p: GroupLayout, layout_c: GroupLayout, block_p: tuple, block_c: tuple | None) -> int:
+        """The evaluator's fragment of one pair of groups (P, C) with the given layouts: the pair's transfers,
+        then its collectives, numbered after P's compute tasks and then C's (``block_p`` and ``block_c``, what
+        :meth:`group_fragment` returned for them; ``block_c`` None when C is P) and their output tensors.
+        Returns the number of transfers. Records (inserted ops, deliveries) are not kept."""
+        group_p, group_c = layout_p.group, layout_c.group
+        self.layouts = {group_p: layout_p, group_c: layout_c}
+        self.records = False
+        self.first_task, self.first_tensor = self._set_blocks(block_p, block_c)
+        mp = {g: layout.model_parallel for g, layout in self.layouts.items()}
+        self._pair((group_p, group_c), self._op_unit(self.layouts), mp)
+        transfers = len(self.kind)
+        self._emit_collectives()
+        return transfers
+
+    def _set_blocks(self, block_p: tuple, block_c: tuple | None) -> tuple[int, int]:
+        """Number the compute tasks and tensors of P's block, then C's, as group_fragment returned them;
+        returns the (tasks, tensors) they take."""
+        task_shift, tensor_shift = 0, 0
+        for unit_tasks, unit_tensor, tasks, tensors in (block_p,) if block_c is None else (block_p, block_c):
+            for unit, (first, offsets) in unit_tasks.items():
+                self.unit_tasks[unit] = (first + task_shift, offsets)
+            for unit, first in unit_tensor.items():
+                self.unit_tensor[unit] = first + tensor_shift
+            task_shift += tasks
+            tensor_shift += tensors
+        return task_shift, tensor_shift
+
+    def _op_unit(self, groups) -> np.ndarray:
+        """[N] unit of each op, with the pieces of the model-parallel groups among ``groups``."""
+        op_unit = self.tables.op_unit
+        for g in groups:
+            layout = self.layouts[g]
+            if layout.model_parallel:
+                if op_unit is self.tables.op_unit:
+                    op_unit = op_unit.copy()
+                for k, piece in enumerate(layout.pieces):
+                    op_unit[piece.ops] = self._piece_unit(g, k)
+        return op_unit
+
+    def _compute_tasks(self, g: int) -> None:
+        if self.layouts[g].model_parallel:
+            self._model_parallel_tasks(g)
+        else:
+            self._replica_tasks(g)
+
+    def _pair(self, pair: tuple[int, int], op_unit: np.ndarray, mp) -> None:
+        """Transfers, dependencies and collective requests of the bundles from group P to group C."""
+        group_p, group_c = pair
+        layout_p, layout_c = self.layouts[group_p], self.layouts[group_c]
+        if mp[group_p] or mp[group_c]:
+            bundles = self._dynamic_bundles(pair, op_unit, mp)
+        else:
+            bundles = self.tables.bundles.get(pair, ())
+        plans = self.context.plans
+        for bundle in bundles:
+            key = (id(bundle), layout_p.key, layout_c.key)
+            plan = plans.get(key)
+            if plan is None:
+                plan = plans[key] = self._plan_bundle(bundle, layout_p, layout_c)
+            self._instantiate(bundle, plan)
 
     def _piece_unit(self, group: int, piece: int) -> int:
         return self.tables.num_units + group * self.tables.piece_stride + piece
@@ -461,8 +529,46 @@ class _Compiler:
 
     # ------------------------------------------------------------------ bundles
     def _plan_bundle(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout) -> _BundlePlan:
-        """What bundle ``b`` needs moved between these two layouts (module docstring table); cached, so it
-        names devices, never tasks."""
+        """What bundle ``b`` needs moved between these two layouts (module docstring table): its
+        :meth:`_skeleton` filled with the bundle's bytes and counts; cached, so it names devices, never
+        tasks."""
+        skeleton = self._skeleton(b, layout_p, layout_c)
+        beta, alpha = self.context.beta, self.context.alpha
+        transfers = []
+        for s, e, stage, contributions, counted, items in skeleton.transfers:
+            (k, factor), *rest = contributions
+            nbytes = b.nbytes[k] * factor  # summed in the order the table below visits them
+            for k, factor in rest:
+                nbytes += b.nbytes[k] * factor
+            count = sum(b.count[k] for k in counted)
+            duration = count * alpha[s][e] + nbytes / beta[s][e] if nbytes > 0 else 0.0
+            transfers.append((s, e, stage, nbytes, count, duration,
+                              tuple((item[0], b.uses[item[1]]) + item[2:] for item in items)))
+        collectives = tuple(self._collective_plan(op, b, skeleton.holders, b.nbytes[k], b.count[k], b.uses[k])
+                            for k, op in skeleton.collectives)
+        record = None
+        if transfers:
+            names = skeleton.names
+            kinds = sorted({name for name in names if name is not None}) or ["Transfer"]
+            devices = tuple(sorted({d for t in transfers for d in t[:2]}))
+            tensors = sum(len(uses) for uses, name in zip(b.uses, names) if name is not None)
+            record = ("+".join(kinds), devices, sum(t[3] for t in transfers), tensors, self._transfer_reason(b, kinds))
+        return _BundlePlan(skeleton.targets, skeleton.local, tuple(transfers), collectives, record)
+
+    def _skeleton(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout) -> _Skeleton:
+        """The devices side of :meth:`_plan_bundle`: what a bundle with ``b``'s categories needs between
+        these layouts, its transfers' bytes as contributions (category, fraction of its bytes). It depends
+        on the bundle only through its categories, so bundles of one kind share it (cached per kind and
+        layouts)."""
+        key = (b.pclass, b.demand, b.producer_device, layout_p.key[1:] if b.producer_device < 0 else None,
+               layout_c.key if layout_c.model_parallel else layout_c.key[1:],
+               b.consumer_units if layout_c.model_parallel else None)
+        skeleton = self.context.skeletons.get(key)
+        if skeleton is None:
+            skeleton = self.context.skeletons[key] = self._make_skeleton(b, layout_p, layout_c)
+        return skeleton
+
+    def _make_skeleton(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout) -> _Skeleton:
         if b.producer_device >= 0:
             holders, h_lo, h_hi, p_split = (b.producer_device,), (0.0,), (1.0,), False
         else:
@@ -474,13 +580,13 @@ class _Compiler:
             targets = list(layout_c.devices)
         c_split = layout_c.split
         c_index = {d: r for r, d in enumerate(layout_c.devices)} if c_split else None
-        pending: dict[tuple[int, int, int], list] = {}  # (src, dst, stage) -> [bytes, count, items]
+        pending: dict[tuple[int, int, int], list] = {}  # (src, dst, stage) -> [contributions, counted, items]
         local: set[int] = set()  # consumer devices reading the producer's copy on the same device
-        collectives: list[tuple] = []
+        collectives: list[tuple[int, str]] = []  # (category, op)
         names: list[str | None] = []  # inserted op kind per category, for the records
         same_rows = p_split and c_split and layout_c.devices == holders and layout_c.lo == h_lo
         for k in range(len(b.pclass)):
-            pclass, demand, nbytes, count, uses = b.pclass[k], b.demand[k], b.nbytes[k], b.count[k], b.uses[k]
+            pclass, demand = b.pclass[k], b.demand[k]
             before = len(pending)
             if pclass == ROWS:
                 if same_rows and demand <= 1:
@@ -503,12 +609,12 @@ class _Compiler:
                             if s == e:
                                 local.add(e)
                             else:
-                                _pend(pending, s, e, 1, nbytes * (hi - lo), count, ("rows", uses, lo, hi))
+                                _pend(pending, s, e, 1, k, hi - lo, ("rows", k, lo, hi))
                     elif e in holders:
                         local.add(e)
                     else:
                         s = self._source(holders, e, targets)
-                        _pend(pending, s, e, 1, nbytes * (need_hi - need_lo), count, ("rows", uses, need_lo, need_hi))
+                        _pend(pending, s, e, 1, k, need_hi - need_lo, ("rows", k, need_lo, need_hi))
                 names.append(self._rows_op_name(p_split, c_split and demand <= 1, len(pending) > before, b))
             elif pclass == SUMS and p_split:
                 if demand == DEMAND_SUM and c_split:
@@ -516,19 +622,18 @@ class _Compiler:
                         local.update(targets)
                         names.append(None)
                         continue
-                    _gather_partials(pending, holders, layout_c.devices[0], nbytes, count, uses, local)
+                    _gather_partials(pending, holders, layout_c.devices[0], k, local)
                     names.append("AddN")
                 elif set(targets) == set(holders):
-                    op = "ps" if layout_c.option == PS else "allreduce"
-                    collectives.append(self._collective_plan(op, b, holders, nbytes, count, uses))
+                    collectives.append((k, "ps" if layout_c.option == PS else "allreduce"))
                     names.append(None)
                 else:
                     in_holders = [e for e in targets if e in holders]
                     root = in_holders[0] if in_holders else targets[0]
-                    _gather_partials(pending, holders, root, nbytes, count, uses, local)
+                    _gather_partials(pending, holders, root, k, local)
                     for e in targets:
                         if e != root:
-                            _pend(pending, root, e, 2, nbytes, count, ("sum", uses, root))
+                            _pend(pending, root, e, 2, k, 1.0, ("sum", k, root))
                     names.append("AddN")
             else:  # a whole tensor on every holder
                 for e in targets:
@@ -536,19 +641,12 @@ class _Compiler:
                         local.add(e)
                     else:
                         s = self._source(holders, e, targets)
-                        _pend(pending, s, e, 1, nbytes, count, ("full", uses))
+                        _pend(pending, s, e, 1, k, 1.0, ("full", k))
                 names.append("Transfer" if len(pending) > before else None)
-        beta, alpha = self.context.beta, self.context.alpha
-        transfers = tuple((s, e, stage, nbytes, count, count * alpha[s][e] + nbytes / beta[s][e] if nbytes > 0 else 0.0,
-                           tuple(items))
-                          for (s, e, stage), (nbytes, count, items) in sorted(pending.items(), key=lambda kv: kv[0][2]))
-        record = None
-        if transfers:
-            kinds = sorted({name for name in names if name is not None}) or ["Transfer"]
-            devices = tuple(sorted({d for t in transfers for d in t[:2]}))
-            tensors = sum(len(uses) for uses, name in zip(b.uses, names) if name is not None)
-            record = ("+".join(kinds), devices, sum(t[3] for t in transfers), tensors, self._transfer_reason(b, kinds))
-        return _BundlePlan(tuple(targets), frozenset(local), transfers, tuple(collectives), record)
+        transfers = tuple((s, e, stage, tuple(contributions), tuple(counted), tuple(items))
+                          for (s, e, stage), (contributions, counted, items)
+                          in sorted(pending.items(), key=lambda kv: kv[0][2]))
+        return _Skeleton(tuple(targets), frozenset(local), holders, transfers, tuple(collectives), tuple(names))
 
     def _instantiate(self, b: Bundle, plan: _BundlePlan) -> None:
         """Tasks, dependencies, tensors and records of one planned bundle."""
@@ -591,18 +689,14 @@ class _Compiler:
                     arrived.setdefault(e, []).append(task)
                 inbound.setdefault(e, []).append(task)
                 self.transfer_tensor[task] = self._tensor(e, nbytes, task)
+                if not self.records:
+                    continue
                 for item in items:
                     if item[0] == "rows":
                         self.deliveries.append((task, "rows", item[1], s, e, item[2], item[3], ()))
                     else:
                         self.deliveries.append((task, item[0], item[1], s, e, 0.0, 1.0, ()))
-        for op, holders, nbytes, count, duration, uses, servers, gradient, reason in plan.collectives:
-            sources = [(p_base + p_offset[s], p_tensor + p_offset[s] if p_tensor is not None else None)
-                       for s in holders] if p_base is not None else []
-            readers = [c_base + k for c_base, c_offset in consumers for k in c_offset.values()]
-            self.requests.append(_Request(op, holders, nbytes, count, duration, sources, readers, uses,
-                                          b.producer_unit, gradient, (b.producer_group, b.consumer_group, servers,
-                                                                      reason)))
+        self._request_collectives(b, plan, p_base, p_offset, p_tensor, consumers)
         for c_base, c_offset in consumers:
             for e, k in c_offset.items():
                 task = c_base + k
@@ -610,10 +704,43 @@ class _Compiler:
                     self._wait_local(task, p_base, p_offset, p_tensor, e)
                 for transfer in inbound.get(e, ()):
                     self._wait_transfer(task, transfer)
-        if plan.record is not None:
+        if plan.record is not None and self.records:
             op, devices, nbytes, tensors, reason = plan.record
             self.inserted.append(InsertedOp(op, b.consumer_group, b.producer_group, devices, nbytes, tensors,
                                             tuple(created), reason))
+
+    def _request_collectives(self, b: Bundle, plan: _BundlePlan, p_base: int | None, p_offset: dict | None,
+                             p_tensor: int | None, consumers: list[tuple[int, dict]]) -> None:
+        """Queue the collectives of a planned bundle (emitted after every transfer, see _emit_collectives)."""
+        for op, holders, nbytes, count, duration, uses, servers, gradient, reason in plan.collectives:
+            sources = [(p_base + p_offset[s], p_tensor + p_offset[s] if p_tensor is not None else None)
+                       for s in holders] if p_base is not None else []
+            readers = [c_base + k for c_base, c_offset in consumers for k in c_offset.values()]
+            self.requests.append(_Request(op, holders, nbytes, count, duration, sources, readers, uses,
+                                          b.producer_unit, gradient, (b.producer_group, b.consumer_group, servers,
+                                                                      reason)))
+
+    def pair_collectives(self, bundles, layout_p: GroupLayout, layout_c: GroupLayout, block_p: tuple,
+                         block_c: tuple | None, first_task: int, first_tensor: int) -> None:
+        """Only the collectives of a pair fragment whose transfers were built elsewhere (the evaluator's
+        compiled kernel): numbered from ``first_task`` (tensors from ``first_tensor``), as pair_fragment
+        would number them."""
+        self.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
+        self.records = False
+        self._set_blocks(block_p, block_c)
+        self.first_task, self.first_tensor = first_task, first_tensor
+        for b in bundles:
+            if not self._skeleton(b, layout_p, layout_c).collectives:
+                continue
+            plan = self._plan_bundle(b, layout_p, layout_c)
+            if b.producer_unit != NO_UNIT:
+                p_base, p_offset = self.unit_tasks[b.producer_unit]
+                p_tensor = self.unit_tensor.get(b.producer_unit)
+            else:
+                p_base = p_offset = p_tensor = None
+            self._request_collectives(b, plan, p_base, p_offset, p_tensor,
+                                      [self.unit_tasks[unit] for unit in b.consumer_units])
+        self._emit_collectives()
 
     def _wait_local(self, task: int, p_base: int, p_offset: dict, p_tensor: int | None, device: int) -> None:
         """``task`` waits for, and reads, the producer unit's output on ``device``."""
@@ -683,6 +810,8 @@ class _Compiler:
                     self.read_task.append(task)
             self.dep_task.extend(request.consumers)
             self.dep_on.extend([task] * len(request.consumers))
+            if not self.records:
+                continue
             self.deliveries.append((task, request.op, request.uses, -1, -1, 0.0, 1.0, request.devices))
             name = "AllReduce" if request.op == "allreduce" else "PS"
             if servers:
@@ -757,11 +886,14 @@ class _Compiler:
                 f"{b.consumer_group} on the same devices (option {option})")
 
     # ------------------------------------------------------------------ memory
-    def _persistent_memory(self) -> np.ndarray:
+    def _persistent_memory(self, groups) -> np.ndarray:
+        """[D] parameter, gradient and optimizer-state bytes of ``groups`` per device, registered as one
+        persistent tensor per device."""
         tables = self.tables
         per_device = np.zeros(self.num_devices)
         param_bytes = tables.op_graph.param_bytes
-        for g, layout in enumerate(self.layouts):
+        for g in groups:
+            layout = self.layouts[g]
             if layout.model_parallel:
                 for op in tables.group_graph.group_members(g).tolist():
                     per_device[layout.op_device[op]] += ADAM_COPIES * param_bytes[op]
@@ -786,12 +918,15 @@ class _Compiler:
         self.group.append(group)
         self.res.append(resources)
         self.labels.append(label)
-        return len(self.kind) - 1
+        return self.first_task + len(self.kind) - 1
 
     def _transfer(self, src: int, dst: int, nbytes: float, duration: float, group: int) -> int:
-        link = self.links.get((src, dst))
-        if link is None:
-            link = self.links[(src, dst)] = len(self.links)
+        if self.dense_links:
+            link = src * self.num_devices + dst
+        else:
+            link = self.links.get((src, dst))
+            if link is None:
+                link = self.links[(src, dst)] = len(self.links)
         # NIC ids are below every link id, so the tuple stays sorted
         resources = self.context.nics[src][dst] + (self.link_base + link,)
         return self._task(TASK_TRANSFER, duration, src, dst, nbytes, -1, group, resources, f"{src}>{dst}")
@@ -801,7 +936,7 @@ class _Compiler:
         self.tensor_bytes.append(nbytes)
         self.tensor_producer.append(producer)
         self.tensor_persistent.append(False)
-        return len(self.tensor_device) - 1
+        return self.first_tensor + len(self.tensor_device) - 1
 
     def _taskgraph(self, num_groups: int) -> TaskGraph:
         d, m = self.num_devices, self.cluster.num_machines
@@ -838,24 +973,36 @@ class _BundlePlan(NamedTuple):
     record: tuple | None  # (op name, devices, bytes, tensors, reason) of the transfers
 
 
-def _pend(pending: dict, s: int, e: int, stage: int, nbytes: float, count: int, item: tuple) -> None:
+class _Skeleton(NamedTuple):
+    """A bundle plan without the bundle's bytes (cached per category kinds and layouts). K categories."""
+
+    targets: tuple[int, ...]  # consumer devices
+    local: frozenset  # consumer devices that read the producer's own copy
+    holders: tuple[int, ...]  # producer devices
+    transfers: tuple  # (src, dst, stage, ((category, fraction of its bytes), ...), (categories counted, ...),
+    #                   (delivery item with the category in place of its uses, ...)), stage 1 before stage 2
+    collectives: tuple  # (category, "allreduce" | "ps") synced by a collective over the holders
+    names: tuple  # [K] inserted op kind per category (None: nothing moved), for the records
+
+
+def _pend(pending: dict, s: int, e: int, stage: int, k: int, fraction: float, item: tuple) -> None:
+    """Category ``k`` sends ``fraction`` of its bytes (and one message per tensor) from ``s`` to ``e``."""
     entry = pending.get((s, e, stage))
     if entry is None:
-        pending[(s, e, stage)] = [nbytes, count, [item]]
+        pending[(s, e, stage)] = [[(k, fraction)], [k], [item]]
     else:
-        entry[0] += nbytes
-        entry[1] += count
+        entry[0].append((k, fraction))
+        entry[1].append(k)
         entry[2].append(item)
 
 
-def _gather_partials(pending: dict, holders: tuple, root: int, nbytes: float, count: int, uses: tuple,
-                     local: set) -> None:
-    """AddN, first half: every partial to ``root`` (whose own partial, if any, stays local)."""
+def _gather_partials(pending: dict, holders: tuple, root: int, k: int, local: set) -> None:
+    """AddN, first half: every partial of category ``k`` to ``root`` (whose own partial, if any, stays local)."""
     for s in holders:
         if s == root:
             local.add(root)
         else:
-            _pend(pending, s, root, 1, nbytes, count, ("partial", uses, s))
+            _pend(pending, s, root, 1, k, 1.0, ("partial", k, s))
 
 
 def _pairs_csr(keys: list[int], values: list[int], size: int, stride: int) -> tuple[np.ndarray, np.ndarray]:

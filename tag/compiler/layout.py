@@ -17,7 +17,7 @@ between two devices inside one role), that unit's ops become pieces of their own
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -84,7 +84,9 @@ class ClusterContext:
     servers: dict = field(default_factory=dict)
     mp_splits: dict = field(default_factory=dict)
     plans: dict = field(default_factory=dict)  # the compiler's per-bundle plans, keyed by bundle and layouts
+    skeletons: dict = field(default_factory=dict)  # bundle plans without bytes, keyed by bundle kind and layouts
     compute_resources: list = field(default_factory=list)  # [D] (device,): a compute task's resources
+    evaluator: Any = None  # the StrategyEvaluator of these tables on this cluster (tag.compiler.evaluate)
     _offsets: dict = field(default_factory=dict)
 
     def offsets(self, devices: tuple[int, ...]) -> dict:

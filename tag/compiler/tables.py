@@ -31,9 +31,11 @@ outputs exist from time 0 on every device holding them.
 
 **Tensor uses.** One *use* per (producer op p, consumer group C): the tensor p outputs, read by ops of
 C (a partial-sum tensor read by ``sum``-class ops, which add partials, and by other ops makes two
-uses). Its producer class (the tensor as the producer's replicas hold it):
+uses; so do the batch-scaled reads of a multi-output op and the reads of its parts that do not scale,
+batch norm's saved statistics next to its output). Its producer class (the tensor as the producer's
+replicas hold it):
 
-- ``ROWS`` — split along the batch (some edge from p into C is batch-scaled): a replica holds the rows
+- ``ROWS`` — split along the batch (the edges of the use are batch-scaled): a replica holds the rows
   of its batch interval;
 - ``SUMS`` — p is of split class ``sum``: a replica of a batch-split group holds a partial sum;
   otherwise the whole tensor;
@@ -305,16 +307,18 @@ def _split_by(keys: np.ndarray, values: np.ndarray, size: int) -> list[np.ndarra
 
 def _uses(graph: OpGraph, assignment: np.ndarray, demand: np.ndarray):
     """One use per (producer op, consumer group) over every op edge; the readers of class ``sum`` of a tensor
-    of class ``sum`` (which can add partials) form a use of their own."""
+    of class ``sum`` (which can add partials) form a use of their own, and so do the readers of a part of the
+    output that does not scale with the batch (a multi-output op: batch norm's saved mean next to its
+    batch-sized output), which need no rows of the others."""
     src, dst = graph.edge_src, graph.edge_dst
     group = assignment[dst]
     num_groups = int(assignment.max()) + 1
     adds_partials = (graph.split[src] == SPLIT_SUM) & (graph.split[dst] == SPLIT_SUM)
-    key = (src * num_groups + group) * 2 + adds_partials
+    key = ((src * num_groups + group) * 2 + adds_partials) * 2 + graph.edge_batch_scaled
     unique_keys, inverse = np.unique(key, return_inverse=True)
     q = unique_keys.size
-    producer = unique_keys // (2 * num_groups)
-    consumer_group = (unique_keys // 2) % num_groups
+    producer = unique_keys // (4 * num_groups)
+    consumer_group = (unique_keys // 4) % num_groups
     nbytes = np.zeros(q)
     np.maximum.at(nbytes, inverse, graph.edge_bytes)
     rows = np.zeros(q, dtype=bool)

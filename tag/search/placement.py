@@ -30,7 +30,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tag.cluster import Cluster
-from tag.compiler import compile_strategy
+from tag.compiler import evaluate_strategy
 from tag.cost import CostModel
 from tag.grouping import GroupGraph
 from tag.search.base import PlacementState
@@ -215,9 +215,8 @@ class PlacementEnv:
         hit = self._cache.get(strategy)
         if hit is not None:
             return hit
-        compiled = compile_strategy(self.group_graph, strategy, self.cluster, cost=self.cost,
-                                    granularity=self.granularity)
-        result = compiled.simulate(feedback=self.keep_feedback)
+        result = evaluate_strategy(self.group_graph, strategy, self.cluster, cost=self.cost,
+                                   granularity=self.granularity, feedback=self.keep_feedback)
         simulated = Simulated(result.iteration_time, result.feasible, result.oom_device, result.feedback)
         self._cache[strategy] = simulated
         self.num_simulations += 1

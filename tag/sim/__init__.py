@@ -1,4 +1,6 @@
-"""The simulator (TAG §4.3.2): TaskGraphs, the event-driven reference, the fast path, feedback and traces."""
+"""The simulator (TAG §4.3.2): TaskGraphs, the event-driven reference, the fast path (list scheduling in
+compiled kernels, :mod:`tag.sim.kernels`), feedback and traces. Search does not build TaskGraphs: it calls
+:func:`tag.compiler.evaluate_strategy`, which runs the same kernels on cached fragments."""
 
 from tag.sim.errors import OOMError, TaskGraphError
 from tag.sim.fast import peak_memory, schedule, simulate_fast

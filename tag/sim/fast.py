@@ -1,4 +1,4 @@
-"""The fast simulator that search calls thousands of times: list scheduling over flat lists.
+"""The fast simulator that search calls thousands of times: list scheduling over flat arrays, compiled.
 
 It runs the rules of :mod:`tag.sim.reference` without events. Tasks are taken one at a time from a heap
 of the tasks whose dependencies have all been scheduled, keyed ``(ready time, task id)``; each starts
@@ -18,14 +18,17 @@ Why this equals the event simulation:
 
 Peak memory is a sweep over tensor lifetimes [producer start, max(producer finish, last consumer
 finish)), frees before allocations at equal times, which is the reference's per-instant counting.
+
+The loops themselves are :mod:`tag.sim.kernels` (numba). Search does not build a TaskGraph at all: it
+calls :func:`tag.compiler.evaluate_strategy`, which assembles the same task columns from cached
+fragments and runs the same kernels.
 """
 
 from __future__ import annotations
 
-import heapq
-
 import numpy as np
 
+from tag.sim.kernels import list_schedule, tensor_lifetimes, transient_peaks
 from tag.sim.result import SimulationResult, make_result
 from tag.sim.taskgraph import TaskGraph
 
@@ -33,69 +36,23 @@ __all__ = ["simulate_fast", "schedule", "peak_memory"]
 
 
 def schedule(taskgraph: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
-    """(start [T], finish [T]) by list scheduling in (ready time, task id) order."""
-    plan = taskgraph.plan
-    duration, resources, successors = plan.duration, plan.resources, plan.successors
-    num_tasks = len(duration)
-    waiting = list(plan.indegree)  # [T] dependencies not scheduled yet
-    ready = [0.0] * num_tasks  # [T] latest finish among the dependencies scheduled so far
-    free = [0.0] * taskgraph.num_resources  # [R] finish of the last task scheduled on each resource
-    start = [0.0] * num_tasks
-    finish = [0.0] * num_tasks
-    heap = [(0.0, task) for task in plan.sources]  # ascending ids: already a heap
-    pop, push = heapq.heappop, heapq.heappush
-    while heap:
-        begin, task = pop(heap)
-        held = resources[task]
-        for resource in held:
-            if free[resource] > begin:
-                begin = free[resource]
-        end = begin + duration[task]
-        for resource in held:
-            free[resource] = end
-        start[task] = begin
-        finish[task] = end
-        for successor in successors[task]:
-            if ready[successor] < end:
-                ready[successor] = end
-            waiting[successor] -= 1
-            if waiting[successor] == 0:
-                push(heap, (ready[successor], successor))
-    return np.array(start), np.array(finish)
+    """(start [T], finish [T]) by list scheduling in (ready time, task id) order (compiled:
+    :func:`tag.sim.kernels.list_schedule`)."""
+    tg = taskgraph
+    return list_schedule(tg.duration, tg.res_ptr, tg.res, tg.succ_ptr, tg.succ, np.diff(tg.dep_ptr),
+                         tg.num_resources)
 
 
 def peak_memory(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray) -> np.ndarray:
     """[D] peak live bytes per device for a schedule (start/finish [T])."""
     tg = taskgraph
-    num_devices = tg.num_devices
     persistent = tg.tensor_persistent
-    peak = np.bincount(tg.tensor_device[persistent], weights=tg.tensor_bytes[persistent], minlength=num_devices)
-    transient = np.flatnonzero(~persistent)
-    if len(transient) == 0:
-        return peak
-    producer = tg.tensor_producer[transient]
-    has_producer = producer >= 0
-    alloc = np.where(has_producer, start[producer], 0.0)  # [n]
-    free = np.where(has_producer, finish[producer], 0.0)  # [n]
-    counts = np.diff(tg.consumer_ptr)  # [N]
-    if len(tg.consumer):
-        last_use = np.full(tg.num_tensors, -np.inf)  # [N] latest consumer finish
-        read = counts > 0
-        last_use[read] = np.maximum.reduceat(finish[tg.consumer], tg.consumer_ptr[:-1][read])
-        free = np.maximum(free, last_use[transient])
-    device = tg.tensor_device[transient]
-    size = tg.tensor_bytes[transient]
-    times = np.concatenate([free, alloc])
-    delta = np.concatenate([-size, size])
-    is_alloc = np.concatenate([np.zeros(len(transient), bool), np.ones(len(transient), bool)])
-    devices = np.concatenate([device, device])
-    order = np.lexsort((is_alloc, times, devices))
-    bounds = np.searchsorted(devices[order], np.arange(num_devices + 1))
-    for d in range(num_devices):
-        lo, hi = bounds[d], bounds[d + 1]
-        if hi > lo:
-            peak[d] += max(0.0, float(np.cumsum(delta[order[lo:hi]]).max()))
-    return peak
+    peak = np.bincount(tg.tensor_device[persistent], weights=tg.tensor_bytes[persistent], minlength=tg.num_devices)
+    reader_tensor = np.repeat(np.arange(tg.num_tensors), np.diff(tg.consumer_ptr))  # [K] consumer pairs
+    alloc, free = tensor_lifetimes(tg.tensor_producer, reader_tensor, tg.consumer, start, finish)
+    transient = ~persistent
+    return peak + transient_peaks(tg.num_devices, tg.tensor_device[transient], tg.tensor_bytes[transient],
+                                  alloc[transient], free[transient])
 
 
 def simulate_fast(taskgraph: TaskGraph, *, raise_on_oom: bool = False, feedback: bool = True) -> SimulationResult:

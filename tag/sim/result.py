@@ -10,14 +10,17 @@ resource counts as fully idle.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import numpy as np
 
 from tag.sim.errors import OOMError
-from tag.sim.taskgraph import RES_NIC_IN, RES_NIC_OUT, TASK_COMPUTE, TaskGraph
+from tag.sim.kernels import feedback_sums
+from tag.cluster import Cluster
+from tag.sim.taskgraph import RES_LINK, RES_NIC_IN, RES_NIC_OUT, TaskGraph
 
-__all__ = ["SimulationResult", "Feedback", "compute_feedback", "make_result", "oom_error"]
+__all__ = ["SimulationResult", "Feedback", "compute_feedback", "feedback_from_columns", "make_result",
+           "result_from_schedule", "oom_error"]
 
 
 class Feedback(NamedTuple):
@@ -56,11 +59,22 @@ class SimulationResult(NamedTuple):
 def make_result(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray, peak_memory: np.ndarray, *,
                 feedback: bool, raise_on_oom: bool) -> SimulationResult:
     """Fill a SimulationResult; raise OOMError first when asked to and a device overflows."""
-    capacity = taskgraph.cluster.memory_bytes()
+    return result_from_schedule(taskgraph.cluster, start, finish, peak_memory,
+                                lambda: compute_feedback(taskgraph, start, finish, peak_memory) if feedback else None,
+                                raise_on_oom=raise_on_oom)
+
+
+def result_from_schedule(cluster: Cluster, start: np.ndarray, finish: np.ndarray, peak_memory: np.ndarray,
+                         feedback: Callable[[], Feedback | None], *, raise_on_oom: bool) -> SimulationResult:
+    """A SimulationResult from a schedule on ``cluster``; ``feedback`` computes the feedback (or returns
+    None), and is not called when OOMError is raised."""
+    capacity = cluster.memory_bytes()
     over = peak_memory > capacity
     oom_device = int(np.argmax(np.where(over, peak_memory / capacity, -np.inf))) if over.any() else -1
     iteration_time = float(finish.max()) if len(finish) else 0.0
-    result = SimulationResult(
+    if raise_on_oom and oom_device >= 0:
+        raise _oom_error(cluster, oom_device, peak_memory, capacity)
+    return SimulationResult(
         iteration_time=iteration_time,
         start=start,
         finish=finish,
@@ -68,21 +82,21 @@ def make_result(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray, pea
         feasible=oom_device < 0,
         oom_device=oom_device,
         memory_capacity=capacity,
-        feedback=compute_feedback(taskgraph, start, finish, peak_memory) if feedback else None,
+        feedback=feedback(),
     )
-    if raise_on_oom and oom_device >= 0:
-        raise oom_error(result, taskgraph)
-    return result
 
 
-def oom_error(result: SimulationResult, taskgraph: TaskGraph) -> OOMError:
+def oom_error(result: SimulationResult, taskgraph: TaskGraph | Cluster) -> OOMError:
     """The OOMError for an infeasible result (its device, peak and capacity in human units)."""
-    device = result.oom_device
-    if device < 0:
+    if result.oom_device < 0:
         raise ValueError("oom_error: the result is feasible")
-    cluster = taskgraph.cluster
+    cluster = taskgraph if isinstance(taskgraph, Cluster) else taskgraph.cluster
+    return _oom_error(cluster, result.oom_device, result.peak_memory, result.memory_capacity)
+
+
+def _oom_error(cluster: Cluster, device: int, peak_memory: np.ndarray, capacity: np.ndarray) -> OOMError:
     detail = f"{cluster.gpu(device).name} on machine {int(cluster.machine[device])}"
-    return OOMError(device, result.peak_memory[device], result.memory_capacity[device], detail=detail)
+    return OOMError(device, peak_memory[device], capacity[device], detail=detail)
 
 
 def _idle(busy: np.ndarray, makespan: float) -> np.ndarray:
@@ -95,40 +109,39 @@ def compute_feedback(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray
                      peak_memory: np.ndarray) -> Feedback:
     """Table 1 feedback from a schedule: start/finish [T], peak_memory [D]."""
     tg = taskgraph
-    cluster = tg.cluster
-    d, g = cluster.num_devices, tg.num_groups
+    edge_task = np.repeat(np.arange(tg.num_tasks), np.diff(tg.dep_ptr))  # [E] the dependent task
+    return feedback_from_columns(tg.cluster, tg.num_groups, tg.group, tg.kind, tg.duration, tg.res_ptr, tg.res,
+                                 tg.resource_kind, tg.resource_a, tg.resource_b, edge_task, tg.dep, start, finish,
+                                 peak_memory)
+
+
+def feedback_from_columns(cluster: Cluster, num_groups: int, group: np.ndarray, kind: np.ndarray,
+                          duration: np.ndarray, res_ptr: np.ndarray, res: np.ndarray, resource_kind: np.ndarray,
+                          resource_a: np.ndarray, resource_b: np.ndarray, edge_task: np.ndarray,
+                          edge_pred: np.ndarray, start: np.ndarray, finish: np.ndarray,
+                          peak_memory: np.ndarray) -> Feedback:
+    """Table 1 feedback from the columns of a TaskGraph (see :class:`~tag.sim.taskgraph.TaskGraph`; T
+    tasks, R resources) and a schedule; the dependencies as pairs "edge_task [E] waits for edge_pred [E]",
+    without duplicates, in any order. The fast evaluator, which builds no TaskGraph, calls it directly."""
+    d, g = cluster.num_devices, num_groups
     makespan = float(finish.max()) if len(finish) else 0.0
 
-    in_group = tg.group >= 0
-    first = np.full(g, np.inf)
-    last = np.full(g, -np.inf)
-    np.minimum.at(first, tg.group[in_group], start[in_group])
-    np.maximum.at(last, tg.group[in_group], finish[in_group])
+    first, last, total, count, resource_busy = feedback_sums(g, len(resource_kind), group, kind, duration, res_ptr,
+                                                             res, edge_task, edge_pred, start, finish)
     group_makespan = np.where(np.isfinite(first), last - first, 0.0)
-
-    edge_task = np.repeat(np.arange(tg.num_tasks), np.diff(tg.dep_ptr))  # [E] the dependent task
-    edge_pred = tg.dep  # [E]
-    sends = (tg.kind[edge_pred] == TASK_COMPUTE) & (tg.kind[edge_task] != TASK_COMPUTE) & (tg.group[edge_pred] >= 0)
-    wait = start[edge_task[sends]] - finish[edge_pred[sends]]
-    sender_group = tg.group[edge_pred[sends]]
-    count = np.bincount(sender_group, minlength=g)
-    total = np.bincount(sender_group, weights=wait, minlength=g)
     group_output_idle = np.divide(total, count, out=np.zeros(g), where=count > 0)
-
-    holds = np.diff(tg.res_ptr)  # [T]
-    resource_busy = np.bincount(tg.res, weights=np.repeat(tg.duration, holds), minlength=tg.num_resources)
     resource_idle = _idle(resource_busy, makespan)
     device_idle = resource_idle[:d]
     comm_idle = resource_idle[d:2 * d]
-    kinds = tg.resource_kind
+    kinds = resource_kind
     nic_out_idle = resource_idle[kinds == RES_NIC_OUT]
     nic_in_idle = resource_idle[kinds == RES_NIC_IN]
 
-    links = tg.link_resources()
+    links = np.flatnonzero(kinds == RES_LINK)  # [L]
     device_group = cluster.device_group
     num_device_groups = cluster.num_device_groups
-    pair_src = device_group[tg.resource_a[links]]
-    pair_dst = device_group[tg.resource_b[links]]
+    pair_src = device_group[resource_a[links]]
+    pair_dst = device_group[resource_b[links]]
     pair_count = np.zeros((num_device_groups, num_device_groups))
     pair_idle = np.zeros((num_device_groups, num_device_groups))
     np.add.at(pair_count, (pair_src, pair_dst), 1.0)

@@ -1,0 +1,805 @@
+"""The search's evaluation path: a strategy → iteration time, peak memory and feedback, with no TaskGraph built.
+
+MCTS evaluates thousands of strategies that differ from one another in a few groups' rows.
+:func:`~tag.compiler.compile_strategy` rebuilds every task in Python each time (2–5 µs a task, 10–25 k
+tasks for a large model on 16 GPUs). :class:`StrategyEvaluator` cuts the TaskGraph that
+``compile_strategy`` would build into **fragments** that each depend on one or two groups' layouts:
+
+- a *group fragment* per (group, layout): the group's compute tasks with their output tensors, the
+  dependencies among them, and its persistent memory (parameters, gradients, Adam states);
+- a *pair fragment* per (producer group P, consumer group C, layout of P, layout of C), for every pair of
+  groups that exchange tensors: the transfers and collectives between them and the dependencies and
+  tensors they add.
+
+Each fragment is built once and stored as flat arrays in an arena, its task and tensor references relative
+to the fragment (numbered [P's compute block | C's compute block | its own tasks]). Replicated groups are
+built with numpy and the transfers between them by the compiled kernel :func:`_pair_transfers`, from the
+compiler's bundle skeletons (``_Compiler._skeleton``: which device sends which fraction of which category
+to which, shared by every bundle of a kind); model-parallel groups, their pairs and collectives go through
+the compiler's own Python (``_Compiler.group_fragment``, ``pair_fragment``, ``pair_collectives``). An
+evaluation looks up G + P fragment ids in dicts; then :func:`_assemble` lays the fragments out as
+``compile_strategy`` lays out its tasks (compute tasks group by group in topological order, every pair's
+transfers, every pair's collectives; links numbered by first use) and the kernels of
+:mod:`tag.sim.kernels` list-schedule them, sweep the memory and sum the feedback. The result equals
+``simulate_fast(compile_strategy(...).taskgraph)`` bit for bit (times and memory; feedback up to the
+order of float sums), so what the tests prove of that path — agreement with the op-level reference, the
+batch-row checker — holds for this one (tests/test_compiler.py).
+
+Cost (BERT-Large, 60 groups, tag-testbed's 16 GPUs, one core; ``scripts/bench_sim.py``): a strategy whose
+fragments are all cached costs the kernels alone, 2–4 ms at group granularity (about 20 k tasks) and about
+1 ms at part granularity; each new fragment adds 0.05–0.5 ms (several ms for a model-parallel group,
+whose METIS split is cached). Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is
+not available here.
+"""
+
+from __future__ import annotations
+
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tag.cluster import Cluster
+from tag.cost import CostModel
+from tag.grouping import GroupGraph
+from tag.sim.kernels import _jit, list_schedule, successors_csr, tensor_lifetimes, transient_peaks
+from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
+from tag.sim.taskgraph import RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_TRANSFER
+from tag.strategy import BATCH_SPLITS, Strategy, device_group_sizes
+from tag.compiler.compile import ADAM_COPIES, _Compiler
+from tag.compiler.errors import CompileError
+from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout
+from tag.compiler.tables import GRANULARITIES, CompilerTables, compiler_tables
+
+__all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
+
+DEFAULT_MAX_CACHED_TASKS = 3_000_000  # tasks kept in the fragment arena (~70 bytes each) before it is emptied
+
+# Columns of the fragment table [F, _META]: where a fragment's rows lie in the arena, and how its references
+# are numbered. Task references: [P's block | C's block | own tasks]; own tasks are "early" ones (a group's
+# compute tasks, a pair's transfers) then "late" ones (a pair's collectives). Tensor references:
+# [P's block | C's block | own tensors]. A group fragment has empty blocks.
+(_TASK0, _TASKS, _EARLY, _RES0, _RES, _DEP0, _DEPS, _TEN0, _TENS, _READ0, _READS,
+ _BLOCK_P, _BLOCK_C, _TBLOCK_P, _TBLOCK_C) = range(15)
+_META = 15
+
+
+class _Columns:
+    """Named column arrays that grow by doubling. Each column belongs to a table whose rows it indexes."""
+
+    def __init__(self, specs: dict[str, tuple[type, str]]) -> None:
+        self.specs = specs  # column -> (dtype, table)
+        self.size = dict.fromkeys(sorted({table for _, table in specs.values()}), 0)  # table -> rows
+        self.columns = {name: np.zeros(1024, dtype=dtype) for name, (dtype, _) in specs.items()}
+
+    def extend(self, rows: dict[str, Any], counts: dict[str, int]) -> dict[str, int]:
+        """Append ``counts[table]`` rows to every table (``rows[column]``: its new values); returns each
+        table's first new row."""
+        first = dict(self.size)
+        for name, (dtype, table) in self.specs.items():
+            start, count = first[table], counts[table]
+            column = self.columns[name]
+            if start + count > column.size:
+                column = self.columns[name] = np.resize(column, max(2 * column.size, start + count))
+            column[start:start + count] = rows[name]
+        for table, count in counts.items():
+            self.size[table] += count
+        return first
+
+    def view(self, name: str) -> np.ndarray:
+        return self.columns[name][:self.size[self.specs[name][1]]]
+
+
+class _Arena(_Columns):
+    """Every fragment compiled so far, as columns, and the fragment table [F, _META]."""
+
+    def __init__(self) -> None:
+        super().__init__({
+            "duration": (np.float64, "task"), "kind": (np.int8, "task"), "group": (np.int32, "task"),
+            "nres": (np.int32, "task"), "res": (np.int32, "res"), "dep_task": (np.int32, "dep"),
+            "dep_on": (np.int32, "dep"), "tensor_device": (np.int32, "tensor"),
+            "tensor_bytes": (np.float64, "tensor"), "tensor_producer": (np.int32, "tensor"),
+            "tensor_persistent": (np.bool_, "tensor"), "read_tensor": (np.int32, "read"),
+            "read_task": (np.int32, "read"),
+        })
+        self.meta = np.zeros((256, _META), dtype=np.int64)  # [F, _META]
+        self.num_fragments = 0
+
+    def add(self, rows: dict[str, Any], blocks: tuple[int, int, int, int], early: int) -> int:
+        """Store one fragment (its columns as lists or arrays) and return its id."""
+        counts = {"task": len(rows["duration"]), "res": len(rows["res"]), "dep": len(rows["dep_task"]),
+                  "tensor": len(rows["tensor_device"]), "read": len(rows["read_tensor"])}
+        first = self.extend(rows, counts)
+        if self.num_fragments == self.meta.shape[0]:
+            self.meta = np.resize(self.meta, (2 * self.meta.shape[0], _META))
+        self.meta[self.num_fragments] = (first["task"], counts["task"], early, first["res"], counts["res"],
+                                         first["dep"], counts["dep"], first["tensor"], counts["tensor"],
+                                         first["read"], counts["read"], *blocks)
+        self.num_fragments += 1
+        return self.num_fragments - 1
+
+
+class _Skeletons(_Columns):
+    """Bundle skeletons (``_Compiler._skeleton``) as arrays for :func:`_pair_transfers`. S skeletons, D devices."""
+
+    def __init__(self, num_devices: int) -> None:
+        super().__init__({
+            "first_transfer": (np.int64, "skeleton"), "transfers": (np.int64, "skeleton"),
+            "src": (np.int64, "transfer"), "dst": (np.int64, "transfer"), "stage": (np.int64, "transfer"),
+            "first_part": (np.int64, "transfer"), "parts": (np.int64, "transfer"),
+            "first_counted": (np.int64, "transfer"), "counted": (np.int64, "transfer"),
+            "part_category": (np.int64, "part"), "part_fraction": (np.float64, "part"),
+            "counted_category": (np.int64, "counted"), "local": (np.bool_, "local"),
+        })
+        self.num_devices = num_devices
+        self.ids: dict[int, tuple[Any, int]] = {}  # id(skeleton) -> (skeleton, its row); holds the skeleton alive
+
+    def id_of(self, skeleton) -> int:
+        found = self.ids.get(id(skeleton))
+        if found is not None:
+            return found[1]
+        transfers = skeleton.transfers
+        size = self.size
+        parts = [part for t in transfers for part in t[3]]
+        counted = [k for t in transfers for k in t[4]]
+        num_parts = np.array([len(t[3]) for t in transfers], dtype=np.int64)  # [n]
+        num_counted = np.array([len(t[4]) for t in transfers], dtype=np.int64)  # [n]
+        local = np.zeros(self.num_devices, dtype=bool)
+        local[list(skeleton.local)] = True
+        rows = {
+            "first_transfer": [size["transfer"]], "transfers": [len(transfers)],
+            "src": [t[0] for t in transfers], "dst": [t[1] for t in transfers], "stage": [t[2] for t in transfers],
+            "first_part": size["part"] + np.cumsum(num_parts) - num_parts, "parts": num_parts,
+            "first_counted": size["counted"] + np.cumsum(num_counted) - num_counted, "counted": num_counted,
+            "part_category": [k for k, _ in parts], "part_fraction": [f for _, f in parts],
+            "counted_category": counted, "local": local,
+        }
+        row = self.extend(rows, {"skeleton": 1, "transfer": len(transfers), "part": len(parts),
+                                 "counted": len(counted), "local": self.num_devices})["skeleton"]
+        self.ids[id(skeleton)] = (skeleton, row)
+        return row
+
+
+class _Assembled(NamedTuple):
+    """Global columns of one strategy's TaskGraph (T tasks, N tensors, K tensor reads, E dependencies)."""
+
+    duration: np.ndarray  # [T]
+    kind: np.ndarray  # [T] int8
+    group: np.ndarray  # [T]
+    res_ptr: np.ndarray  # [T+1]
+    res: np.ndarray  # resource ids, links renumbered by first use
+    link_dense: np.ndarray  # [L] src * D + dst of each link resource, in resource order
+    dep_task: np.ndarray  # [E] waits for dep_on
+    dep_on: np.ndarray  # [E]
+    tensor_device: np.ndarray  # [N]
+    tensor_bytes: np.ndarray  # [N]
+    tensor_producer: np.ndarray  # [N] task or -1
+    tensor_persistent: np.ndarray  # [N] bool
+    read_tensor: np.ndarray  # [K]
+    read_task: np.ndarray  # [K]
+
+
+class _GroupBlock(NamedTuple):
+    """A group fragment's compute block, as pair fragments refer to it. R replicas."""
+
+    layout: GroupLayout
+    tasks: int  # compute tasks
+    tensors: int  # their output tensors (numbered first; the persistent ones follow)
+    devices: np.ndarray | None  # [R] (None: model-parallel, compiled by the Python path only)
+    index: np.ndarray | None  # [D] replica of each device, -1
+    tensor_first: np.ndarray | None  # [units of the group] first output tensor of each unit, -1 if none
+    dicts: tuple | None  # what _Compiler.group_fragment returns, built when the Python path needs it
+
+
+class StrategyEvaluator:
+    """Evaluates strategies for one (grouping, cluster, granularity, cost model), caching fragments.
+
+    ``evaluator(strategy)`` returns the :class:`~tag.sim.SimulationResult` of
+    ``simulate_fast(compile_strategy(group_graph, strategy, cluster, granularity=...).taskgraph)``, with
+    task ids equal to that TaskGraph's. ``max_cached_tasks`` bounds the arena: past it, every fragment is
+    dropped and rebuilt on demand.
+    """
+
+    def __init__(self, group_graph: GroupGraph, cluster: Cluster, *, granularity: str = "group",
+                 cost: CostModel | None = None, max_cached_tasks: int = DEFAULT_MAX_CACHED_TASKS) -> None:
+        if granularity not in GRANULARITIES:
+            raise CompileError(f"granularity must be one of {', '.join(map(repr, GRANULARITIES))}, got {granularity!r}")
+        self.group_graph = group_graph
+        self.cluster = cluster
+        self.granularity = granularity
+        cost = cost if cost is not None else group_graph.cost
+        self.tables: CompilerTables = compiler_tables(group_graph, cluster, cost, granularity)
+        self.context: ClusterContext = cluster_context(cluster, self.tables)
+        self.max_cached_tasks = max_cached_tasks
+        self._sizes = device_group_sizes(cluster)
+        m = cluster.num_device_groups
+        self._bits = np.left_shift(1, np.arange(m, dtype=np.int64)) if m <= 62 else None  # [M] row -> code
+        pairs = list(self.tables.pair_uses)
+        self._pairs = pairs  # [P] (producer group, consumer group), compile_strategy's order
+        self._pair_p = np.array([p for p, _ in pairs], dtype=np.int64)  # [P]
+        self._pair_c = np.array([c for _, c in pairs], dtype=np.int64)  # [P]
+        self._group_order = self.tables.group_order.astype(np.int64)  # [G]
+        d, m = cluster.num_devices, cluster.num_machines
+        self._link_base = 2 * d + 2 * m
+        self._fixed_resources = np.array([RES_COMPUTE] * d + [RES_COMM] * d + [RES_NIC_OUT] * m + [RES_NIC_IN] * m,
+                                         dtype=np.int8)
+        self._fixed_a = np.array(list(range(d)) * 2 + list(range(m)) * 2, dtype=np.int64)
+        context = self.context
+        self._alpha = np.array(context.alpha, dtype=np.float64)  # [D, D]
+        self._beta = np.array(context.beta, dtype=np.float64)  # [D, D] NIC-capped
+        # the NICs a transfer holds (context.nics): its machines' when they differ and the NICs are finite
+        machine = np.asarray(context.machine)
+        cross = machine[:, None] != machine[None, :]  # [D, D]
+        self._nic_out = np.where(cross, np.asarray(context.nic_out)[:, None], -1)  # [D, D] resource id, -1 if none
+        self._nic_in = np.where(cross, np.asarray(context.nic_in)[None, :], -1)  # [D, D]
+        self._unit_position = np.zeros(self.tables.num_units, dtype=np.int64)  # [U] index among its group's units
+        for units in self.tables.group_units:
+            self._unit_position[units] = np.arange(units.size)
+        self._pair_static: dict[tuple[int, int], tuple] = {}
+        self._local_pair_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._clear()
+
+    def _clear(self) -> None:
+        self._arena = _Arena()
+        self._group_fragments: list[dict] = [{} for _ in range(self.group_graph.num_groups)]  # [G] key -> id
+        self._pair_fragments: dict[tuple[int, int], int] = {}  # (group fragment of P, of C) -> id
+        self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
+        self._skeletons = _Skeletons(self.cluster.num_devices)
+
+    # ------------------------------------------------------------------ evaluation
+    def __call__(self, strategy: Strategy, *, feedback: bool = True, raise_on_oom: bool = False) -> SimulationResult:
+        """Simulate ``strategy`` (see the class docstring); ``feedback=False`` skips Table 1's feedback,
+        ``raise_on_oom`` raises :class:`~tag.sim.OOMError` for a device over its memory."""
+        self._check(strategy)
+        if (self._arena.size["task"] > self.max_cached_tasks
+                or self._skeletons.size["transfer"] > self.max_cached_tasks):
+            self._clear()
+            self.context.plans.clear()  # what the Python path cached for these fragments
+            self.context.skeletons.clear()
+        group_ids = self._group_fragment_ids(strategy)
+        pair_ids = self._pair_fragment_ids(group_ids)
+        columns = self._assemble(group_ids, pair_ids)
+        num_tasks = columns.duration.size
+        succ_ptr, succ, indegree = successors_csr(num_tasks, columns.dep_task, columns.dep_on)
+        num_resources = self._link_base + columns.link_dense.size
+        start, finish = list_schedule(columns.duration, columns.res_ptr, columns.res, succ_ptr, succ, indegree,
+                                      num_resources)
+        peak = self._peak_memory(columns, start, finish)
+        return result_from_schedule(
+            self.cluster, start, finish, peak,
+            lambda: self._feedback(columns, succ_ptr, succ, start, finish, peak) if feedback else None,
+            raise_on_oom=raise_on_oom)
+
+    def _check(self, strategy: Strategy) -> None:
+        if not isinstance(strategy, Strategy):
+            raise CompileError(f"expected a Strategy, got {type(strategy).__name__}")
+        if strategy.num_groups != self.group_graph.num_groups:
+            raise CompileError(f"the strategy has {strategy.num_groups} op groups but the grouping has "
+                               f"{self.group_graph.num_groups}")
+        if not np.array_equal(self._sizes, strategy.device_group_sizes):
+            raise CompileError(f"the strategy is for device groups of {strategy.device_group_sizes.tolist()} "
+                               f"devices, but cluster {self.cluster.name!r} has {self._sizes.tolist()}")
+
+    def _group_fragment_ids(self, strategy: Strategy) -> list[int]:
+        """[G] group fragment of each group under ``strategy`` (compiled on a miss)."""
+        if self._bits is None:  # more device groups than bits in an int64
+            codes = [row.tobytes() for row in strategy.placement]
+        else:
+            codes = (strategy.placement @ self._bits).tolist()  # [G] placement rows as bit sets
+        split = BATCH_SPLITS.index(strategy.batch_split)
+        ids = []
+        for g, (code, option, cache) in enumerate(zip(codes, strategy.option.tolist(), self._group_fragments)):
+            key = (code, option, split)
+            fragment = cache.get(key)
+            if fragment is None:
+                fragment = cache[key] = self._compile_group(group_layout(self.tables, self.context, strategy, g))
+            ids.append(fragment)
+        return ids
+
+    def _pair_fragment_ids(self, group_ids: list[int]) -> list[int]:
+        """[P] pair fragment of each pair of groups, given the groups' fragments (compiled on a miss)."""
+        cache = self._pair_fragments
+        ids = []
+        for p, c in self._pairs:
+            key = (group_ids[p], group_ids[c])
+            fragment = cache.get(key)
+            if fragment is None:
+                fragment = cache[key] = self._compile_pair(*key)
+            ids.append(fragment)
+        return ids
+
+    # ------------------------------------------------------------------ fragments
+    def _compiler(self) -> _Compiler:
+        return _Compiler(self.tables, self.context, None, None, dense_links=True)
+
+    def _compile_group(self, layout: GroupLayout) -> int:
+        if layout.model_parallel:  # pieces by METIS: the compiler's own code
+            compiler = self._compiler()
+            block = compiler.group_fragment(layout)
+            fragment = self._store(compiler, (0, 0, 0, 0), len(compiler.kind))
+            self._block_of.append(_GroupBlock(layout, block[2], block[3], None, None, None, block))
+            return fragment
+        rows, tensor_first, compute_tensors = self._replica_rows(layout)
+        tasks = len(rows["duration"])
+        fragment = self._arena.add(rows, (0, 0, 0, 0), tasks)
+        index = np.full(self.cluster.num_devices, -1, dtype=np.int64)
+        index[list(layout.devices)] = np.arange(len(layout.devices))
+        self._block_of.append(_GroupBlock(layout, tasks, compute_tensors, np.array(layout.devices, dtype=np.int64),
+                                          index, tensor_first, None))
+        return fragment
+
+    def _replica_rows(self, layout: GroupLayout) -> tuple[dict, np.ndarray, int]:
+        """The group fragment of a replicated layout, built with numpy exactly as ``_Compiler.group_fragment``
+        builds it: compute tasks unit-major then replica, their output tensors, the dependencies among them,
+        the persistent memory. Returns (rows, first output tensor of each unit or -1 [units], output tensors)."""
+        tables = self.tables
+        g = layout.group
+        devices = np.array(layout.devices, dtype=np.int64)  # [R]
+        r = devices.size
+        units = tables.group_units[g]
+        out = np.array(layout.block[3]).reshape(units.size, r)  # [units, R] output bytes of each task
+        has_out = out[:, 0] > 0  # [units] a unit outputs on every replica or on none
+        tensor_first = np.where(has_out, (np.cumsum(has_out) - has_out) * r, -1)  # [units]
+        replica = np.arange(r)
+        produced = (np.flatnonzero(has_out)[:, None] * r + replica).reshape(-1)  # producer task of each tensor
+        persistent = ADAM_COPIES * tables.group_param_bytes[g]
+        persistent_devices = devices if persistent > 0 else devices[:0]
+        src, dst = self._local_pairs(g)  # [L] unit indices: dst reads src
+        dep_task = (dst[:, None] * r + replica).reshape(-1)
+        dep_on = (src[:, None] * r + replica).reshape(-1)
+        reads = has_out[src]
+        tasks = units.size * r
+        rows = {
+            "duration": layout.durations.reshape(-1), "kind": np.zeros(tasks, dtype=np.int8),
+            "group": np.full(tasks, g),
+            "nres": np.ones(tasks, dtype=np.int64), "res": np.tile(devices, units.size),
+            "dep_task": dep_task, "dep_on": dep_on,
+            "tensor_device": np.concatenate([np.tile(devices, int(has_out.sum())), persistent_devices]),
+            "tensor_bytes": np.concatenate([out[has_out].reshape(-1), np.full(persistent_devices.size, persistent)]),
+            "tensor_producer": np.concatenate([produced, np.full(persistent_devices.size, -1)]),
+            "tensor_persistent": np.concatenate([np.zeros(produced.size, dtype=bool),
+                                                 np.ones(persistent_devices.size, dtype=bool)]),
+            "read_tensor": (tensor_first[src[reads]][:, None] + replica).reshape(-1),
+            "read_task": (dst[reads][:, None] * r + replica).reshape(-1),
+        }
+        return rows, tensor_first, produced.size
+
+    def _local_pairs(self, group: int) -> tuple[np.ndarray, np.ndarray]:
+        """(src [L], dst [L]) indices among the group's units of units reading each other's outputs."""
+        found = self._local_pair_cache.get(group)
+        if found is None:
+            position, succ = self._unit_position, self.tables.unit_local_succ
+            pairs = [(position[u], position[v]) for u in self.tables.group_units[group].tolist() for v in succ[u]]
+            found = self._local_pair_cache[group] = (np.array([a for a, _ in pairs], dtype=np.int64),
+                                                     np.array([b for _, b in pairs], dtype=np.int64))
+        return found
+
+    def _block_dicts(self, fragment: int) -> tuple:
+        """What ``_Compiler.group_fragment`` returns for a group fragment's block (built when the Python path
+        needs it)."""
+        block = self._block_of[fragment]
+        if block.dicts is None:
+            layout = block.layout
+            r = len(layout.devices)
+            offsets = self.context.offsets(layout.devices)
+            units = self.tables.group_units[layout.group].tolist()
+            dicts = ({u: (k * r, offsets) for k, u in enumerate(units)},
+                     {u: int(first) for u, first in zip(units, block.tensor_first.tolist()) if first >= 0},
+                     block.tasks, block.tensors)
+            block = self._block_of[fragment] = block._replace(dicts=dicts)
+        return block.dicts
+
+    def _compile_pair(self, fragment_p: int, fragment_c: int) -> int:
+        block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
+        same = block_p.layout.group == block_c.layout.group
+        blocks = (block_p.tasks, 0 if same else block_c.tasks, block_p.tensors, 0 if same else block_c.tensors)
+        compiler = self._compiler()
+        if block_p.index is None or block_c.index is None:  # a model-parallel side: bundles by pieces, in Python
+            transfers = compiler.pair_fragment(block_p.layout, block_c.layout, self._block_dicts(fragment_p),
+                                               None if same else self._block_dicts(fragment_c))
+            fragment = self._store(compiler, blocks, transfers)
+        else:
+            fragment = self._compiled_pair(compiler, fragment_p, fragment_c, same, blocks)
+        self._block_of.append(None)
+        return fragment
+
+    def _compiled_pair(self, compiler: _Compiler, fragment_p: int, fragment_c: int, same: bool, blocks: tuple) -> int:
+        """A pair fragment of two replicated layouts: transfers by :func:`_pair_transfers`, collectives (few)
+        by the compiler; the same fragment as ``_Compiler.pair_fragment``."""
+        block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
+        layout_p, layout_c = block_p.layout, block_c.layout
+        pair = (layout_p.group, layout_c.group)
+        static = self._pair_static.get(pair)
+        if static is None:
+            static = self._pair_static[pair] = self._bundle_arrays(pair)
+        bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count = static
+        compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
+        skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in bundles]
+        store = self._skeletons
+        skeleton_ids = np.array([store.id_of(sk) for sk in skeletons], dtype=np.int64)
+        first_task, first_tensor = blocks[0] + blocks[1], blocks[2] + blocks[3]
+        columns = _pair_transfers(
+            unit, category, consumer_ptr, consumer, skeleton_ids, category_bytes, category_count,
+            store.view("first_transfer"), store.view("transfers"), store.view("src"), store.view("dst"),
+            store.view("stage"), store.view("first_part"), store.view("parts"), store.view("first_counted"),
+            store.view("counted"), store.view("part_category"), store.view("part_fraction"),
+            store.view("counted_category"), store.view("local"), self.cluster.num_devices, len(layout_p.devices),
+            block_p.index, block_p.tensor_first, block_c.devices, 0 if same else blocks[0], self._alpha, self._beta,
+            self._nic_out, self._nic_in, self._link_base, first_task, first_tensor)
+        (duration, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
+         read_task) = columns
+        transfers = duration.size
+        if any(sk.collectives for sk in skeletons):
+            compiler.pair_collectives(bundles, layout_p, layout_c, self._block_dicts(fragment_p),
+                                      None if same else self._block_dicts(fragment_c), first_task + transfers,
+                                      first_tensor + transfers)
+        rows = {
+            "duration": np.concatenate([duration, compiler.duration]),
+            "kind": np.concatenate([np.full(transfers, TASK_TRANSFER, dtype=np.int8), compiler.kind]),
+            "group": np.concatenate([np.full(transfers, layout_c.group), compiler.group]),
+            "nres": np.concatenate([nres, [len(r) for r in compiler.res]]),
+            "res": np.concatenate([res, [r for held in compiler.res for r in held]]),
+            "dep_task": np.concatenate([dep_task, compiler.dep_task]),
+            "dep_on": np.concatenate([dep_on, compiler.dep_on]),
+            "tensor_device": tensor_device, "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
+            "tensor_persistent": np.zeros(transfers, dtype=bool),
+            "read_tensor": np.concatenate([read_tensor, compiler.read_tensor]),
+            "read_task": np.concatenate([read_task, compiler.read_task]),
+        }
+        return self._arena.add(rows, blocks, transfers)
+
+    def _bundle_arrays(self, pair: tuple[int, int]) -> tuple:
+        """The static bundles of a pair of groups as arrays for :func:`_pair_transfers`: (bundles, producer
+        unit's index in P [B], first category [B+1], consumer units' indices in C (CSR), bytes and counts of
+        the categories)."""
+        tables = self.tables
+        bundles = tables.bundles.get(pair, [])
+        position = self._unit_position
+        unit = np.array([position[b.producer_unit] if b.producer_unit >= 0 else -1 for b in bundles], dtype=np.int64)
+        category = np.zeros(len(bundles) + 1, dtype=np.int64)
+        np.cumsum([len(b.pclass) for b in bundles], out=category[1:])
+        consumer_ptr = np.zeros(len(bundles) + 1, dtype=np.int64)
+        np.cumsum([len(b.consumer_units) for b in bundles], out=consumer_ptr[1:])
+        consumer = np.array([position[u] for b in bundles for u in b.consumer_units], dtype=np.int64)
+        category_bytes = np.array([x for b in bundles for x in b.nbytes], dtype=np.float64)
+        category_count = np.array([x for b in bundles for x in b.count], dtype=np.int64)
+        return bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count
+
+    def _store(self, compiler: _Compiler, blocks: tuple[int, int, int, int], early: int) -> int:
+        """The compiler's columns (its own tasks and tensors) and its references."""
+        rows = {
+            "duration": compiler.duration, "kind": compiler.kind, "group": compiler.group,
+            "nres": [len(r) for r in compiler.res], "res": [r for held in compiler.res for r in held],
+            "dep_task": compiler.dep_task, "dep_on": compiler.dep_on, "tensor_device": compiler.tensor_device,
+            "tensor_bytes": compiler.tensor_bytes, "tensor_producer": compiler.tensor_producer,
+            "tensor_persistent": compiler.tensor_persistent, "read_tensor": compiler.read_tensor,
+            "read_task": compiler.read_task,
+        }
+        return self._arena.add(rows, blocks, early)
+
+    # ------------------------------------------------------------------ assembly, memory, feedback
+    def _assemble(self, group_ids: list[int], pair_ids: list[int]) -> _Assembled:
+        arena = self._arena
+        out = _assemble(arena.meta[:arena.num_fragments], self._group_order, np.array(group_ids, dtype=np.int64),
+                        np.array(pair_ids, dtype=np.int64), self._pair_p, self._pair_c,
+                        arena.view("duration"), arena.view("kind"), arena.view("group"), arena.view("nres"),
+                        arena.view("res"), arena.view("dep_task"), arena.view("dep_on"), arena.view("tensor_device"),
+                        arena.view("tensor_bytes"), arena.view("tensor_producer"), arena.view("tensor_persistent"),
+                        arena.view("read_tensor"), arena.view("read_task"), self._link_base,
+                        self.cluster.num_devices)
+        return _Assembled(*out)
+
+    def _peak_memory(self, columns: _Assembled, start: np.ndarray, finish: np.ndarray) -> np.ndarray:
+        d = self.cluster.num_devices
+        persistent = columns.tensor_persistent
+        peak = np.bincount(columns.tensor_device[persistent], weights=columns.tensor_bytes[persistent], minlength=d)
+        alloc, free = tensor_lifetimes(columns.tensor_producer, columns.read_tensor, columns.read_task, start, finish)
+        transient = ~persistent
+        return peak + transient_peaks(d, columns.tensor_device[transient], columns.tensor_bytes[transient],
+                                      alloc[transient], free[transient])
+
+    def _feedback(self, columns: _Assembled, succ_ptr: np.ndarray, succ: np.ndarray, start: np.ndarray,
+                  finish: np.ndarray, peak: np.ndarray):
+        d = self.cluster.num_devices
+        links = columns.link_dense.size
+        resource_kind = np.concatenate([self._fixed_resources, np.full(links, RES_LINK, dtype=np.int8)])
+        resource_a = np.concatenate([self._fixed_a, columns.link_dense // d])
+        resource_b = np.concatenate([np.full(self._link_base, -1, dtype=np.int64), columns.link_dense % d])
+        edge_pred = np.repeat(np.arange(columns.duration.size), np.diff(succ_ptr))
+        return feedback_from_columns(self.cluster, self.group_graph.num_groups, columns.group, columns.kind,
+                                     columns.duration, columns.res_ptr, columns.res, resource_kind, resource_a,
+                                     resource_b, succ, edge_pred, start, finish, peak)
+
+
+# ------------------------------------------------------------------------------------------------ the kernel
+
+
+@_jit
+def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, a_duration, a_kind, a_group,
+              a_nres, a_res, a_dep_task, a_dep_on, a_tensor_device, a_tensor_bytes, a_tensor_producer,
+              a_tensor_persistent, a_read_tensor, a_read_task, link_base, num_devices):
+    """Global columns (see :class:`_Assembled`) of the fragments ``group_fragment`` [G] (indexed by group)
+    and ``pair_fragment`` [P] (pairs pair_p [P] -> pair_c [P]), laid out as compile_strategy lays out its
+    tasks: compute blocks in ``group_order``, then the pairs' early tasks, then their late tasks."""
+    num_groups = group_order.size
+    num_pairs = pair_fragment.size
+    num_used = num_groups + num_pairs
+    used = np.empty(num_used, dtype=np.int64)  # fragments in layout order: groups, then pairs
+    early_base = np.empty(num_used, dtype=np.int64)
+    late_base = np.empty(num_used, dtype=np.int64)
+    tensor_base = np.empty(num_used, dtype=np.int64)
+    group_task = np.empty(num_groups, dtype=np.int64)  # group -> first task of its block
+    group_tensor = np.empty(num_groups, dtype=np.int64)
+    tasks = 0
+    tensors = 0
+    for k in range(num_groups):
+        g = group_order[k]
+        f = group_fragment[g]
+        used[k] = f
+        early_base[k] = tasks
+        late_base[k] = tasks + meta[f, _EARLY]
+        group_task[g] = tasks
+        tasks += meta[f, _TASKS]
+        tensor_base[k] = tensors
+        group_tensor[g] = tensors
+        tensors += meta[f, _TENS]
+    for k in range(num_pairs):
+        f = pair_fragment[k]
+        used[num_groups + k] = f
+        early_base[num_groups + k] = tasks
+        tasks += meta[f, _EARLY]
+    for k in range(num_pairs):
+        f = pair_fragment[k]
+        late_base[num_groups + k] = tasks
+        tasks += meta[f, _TASKS] - meta[f, _EARLY]
+        tensor_base[num_groups + k] = tensors
+        tensors += meta[f, _TENS]
+    num_deps = 0
+    num_reads = 0
+    for k in range(num_used):
+        num_deps += meta[used[k], _DEPS]
+        num_reads += meta[used[k], _READS]
+
+    duration = np.empty(tasks)
+    kind = np.empty(tasks, dtype=np.int8)
+    group = np.empty(tasks, dtype=np.int64)
+    nres = np.empty(tasks, dtype=np.int64)
+    task_res = np.empty(tasks, dtype=np.int64)  # arena offset of each task's resources
+    for k in range(num_used):
+        f = used[k]
+        first, own, early = meta[f, _TASK0], meta[f, _TASKS], meta[f, _EARLY]
+        offset = meta[f, _RES0]
+        for i in range(own):
+            t = early_base[k] + i if i < early else late_base[k] + i - early
+            duration[t] = a_duration[first + i]
+            kind[t] = a_kind[first + i]
+            group[t] = a_group[first + i]
+            nres[t] = a_nres[first + i]
+            task_res[t] = offset
+            offset += a_nres[first + i]
+    res_ptr = np.zeros(tasks + 1, dtype=np.int64)
+    for t in range(tasks):
+        res_ptr[t + 1] = res_ptr[t] + nres[t]
+    res = np.empty(res_ptr[tasks], dtype=np.int64)
+    compact = np.full(num_devices * num_devices, -1, dtype=np.int64)  # dense link -> its rank by first use
+    link_dense = np.empty(num_devices * num_devices, dtype=np.int64)
+    links = 0
+    for t in range(tasks):
+        for j in range(nres[t]):
+            r = np.int64(a_res[task_res[t] + j])
+            if r >= link_base:
+                dense = r - link_base
+                if compact[dense] < 0:
+                    compact[dense] = links
+                    link_dense[links] = dense
+                    links += 1
+                r = link_base + compact[dense]
+            res[res_ptr[t] + j] = r
+
+    dep_task = np.empty(num_deps, dtype=np.int64)
+    dep_on = np.empty(num_deps, dtype=np.int64)
+    read_tensor = np.empty(num_reads, dtype=np.int64)
+    read_task = np.empty(num_reads, dtype=np.int64)
+    tensor_device = np.empty(tensors, dtype=np.int64)
+    tensor_bytes = np.empty(tensors)
+    tensor_producer = np.empty(tensors, dtype=np.int64)
+    tensor_persistent = np.empty(tensors, dtype=np.bool_)
+    e = 0
+    q = 0
+    for k in range(num_used):
+        f = used[k]
+        # task references: [P's block | C's block | early own | late own]
+        block_p, block_c, early = meta[f, _BLOCK_P], meta[f, _BLOCK_C], meta[f, _EARLY]
+        tblock_p, tblock_c = meta[f, _TBLOCK_P], meta[f, _TBLOCK_C]
+        base_p = base_c = tbase_p = tbase_c = 0
+        if k >= num_groups:
+            base_p = group_task[pair_p[k - num_groups]]
+            base_c = group_task[pair_c[k - num_groups]]
+            tbase_p = group_tensor[pair_p[k - num_groups]]
+            tbase_c = group_tensor[pair_c[k - num_groups]]
+        for i in range(meta[f, _DEP0], meta[f, _DEP0] + meta[f, _DEPS]):
+            dep_task[e] = _task_ref(a_dep_task[i], block_p, block_c, early, base_p, base_c, early_base[k], late_base[k])
+            dep_on[e] = _task_ref(a_dep_on[i], block_p, block_c, early, base_p, base_c, early_base[k], late_base[k])
+            e += 1
+        for i in range(meta[f, _READ0], meta[f, _READ0] + meta[f, _READS]):
+            read_task[q] = _task_ref(a_read_task[i], block_p, block_c, early, base_p, base_c, early_base[k],
+                                     late_base[k])
+            read_tensor[q] = _tensor_ref(a_read_tensor[i], tblock_p, tblock_c, tbase_p, tbase_c, tensor_base[k])
+            q += 1
+        for i in range(meta[f, _TENS]):
+            n = tensor_base[k] + i
+            a = meta[f, _TEN0] + i
+            tensor_device[n] = a_tensor_device[a]
+            tensor_bytes[n] = a_tensor_bytes[a]
+            tensor_persistent[n] = a_tensor_persistent[a]
+            producer = a_tensor_producer[a]
+            tensor_producer[n] = -1 if producer < 0 else _task_ref(producer, block_p, block_c, early, base_p, base_c,
+                                                                   early_base[k], late_base[k])
+    return (duration, kind, group, res_ptr, res, link_dense[:links].copy(), dep_task, dep_on, tensor_device,
+            tensor_bytes, tensor_producer, tensor_persistent, read_tensor, read_task)
+
+
+@_jit
+def _pair_transfers(bundle_unit, bundle_category, bundle_consumer_ptr, bundle_consumer, bundle_skeleton,
+                    category_bytes, category_count, sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage,
+                    tr_first_part, tr_parts, tr_first_counted, tr_counted, part_category, part_fraction,
+                    counted_category, sk_local, num_devices, p_replicas, p_index, p_tensor, c_devices, c_shift,
+                    alpha, beta, nic_out, nic_in, link_base, first_task, first_tensor):
+    """The transfers of one pair fragment of two layouts that are not model-parallel, with their dependencies,
+    tensors and reads: ``_Compiler._instantiate`` for B bundles at once, numbered as ``pair_fragment``
+    numbers them (P's block from 0, C's from ``c_shift``, own tasks from ``first_task``, own tensors from
+    ``first_tensor``).
+
+    Bundles: producer unit's index in P [B] (-1: input ops), first category [B+1] into category_bytes /
+    category_count, consumer units' indices in C (CSR), skeleton [B]. Skeletons: see :class:`_Skeletons`.
+    P: p_replicas, p_index [D] (replica of each device, -1), p_tensor [units of P] (first output tensor,
+    -1). C: c_devices [R_C]. Returns (duration, nres, res, dep_task, dep_on, tensor_device, tensor_bytes,
+    tensor_producer, read_tensor, read_task).
+    """
+    num_bundles = bundle_unit.size
+    r_c = c_devices.size
+    # sizes first, so that every column is allocated once
+    tasks = 0
+    deps = 0
+    for b in range(num_bundles):
+        sk = bundle_skeleton[b]
+        n = sk_transfers[sk]
+        tasks += n
+        first = sk_first_transfer[sk]
+        deps += n * (1 + n)  # each transfer waits for its source, and an AddN forward for stage-1 transfers
+        # each consumer replica waits for its local copy and for the transfers into its device
+        deps += (bundle_consumer_ptr[b + 1] - bundle_consumer_ptr[b]) * (r_c + n)
+    duration = np.empty(tasks)
+    nres = np.empty(tasks, dtype=np.int64)
+    res = np.empty(3 * tasks, dtype=np.int64)
+    dep_task = np.empty(deps, dtype=np.int64)
+    dep_on = np.empty(deps, dtype=np.int64)
+    read_tensor = np.empty(deps, dtype=np.int64)
+    read_task = np.empty(deps, dtype=np.int64)
+    tensor_device = np.empty(tasks, dtype=np.int64)
+    tensor_bytes = np.empty(tasks)
+    t = 0  # own tasks (and tensors: one per transfer) so far
+    h = 0  # resources
+    e = 0  # dependencies
+    q = 0  # reads
+    for b in range(num_bundles):
+        sk = bundle_skeleton[b]
+        first = sk_first_transfer[sk]
+        n = sk_transfers[sk]
+        unit = bundle_unit[b]
+        p_base = unit * p_replicas if unit >= 0 else -1
+        p_first = p_tensor[unit] if unit >= 0 else -1
+        c0 = bundle_category[b]
+        t0 = t
+        for i in range(first, first + n):
+            src, dst = tr_src[i], tr_dst[i]
+            k = tr_first_part[i]
+            nbytes = category_bytes[c0 + part_category[k]] * part_fraction[k]
+            for k in range(tr_first_part[i] + 1, tr_first_part[i] + tr_parts[i]):
+                nbytes += category_bytes[c0 + part_category[k]] * part_fraction[k]
+            count = 0
+            for k in range(tr_first_counted[i], tr_first_counted[i] + tr_counted[i]):
+                count += category_count[c0 + counted_category[k]]
+            duration[t] = count * alpha[src, dst] + nbytes / beta[src, dst] if nbytes > 0 else 0.0
+            nres[t] = 1
+            if nic_out[src, dst] >= 0:
+                res[h] = nic_out[src, dst]
+                h += 1
+                nres[t] += 1
+            if nic_in[src, dst] >= 0:
+                res[h] = nic_in[src, dst]
+                h += 1
+                nres[t] += 1
+            res[h] = link_base + src * num_devices + dst
+            h += 1
+            task = first_task + t
+            if p_base >= 0 and p_index[src] >= 0:  # it sends the producer's copy on its source
+                dep_task[e] = task
+                dep_on[e] = p_base + p_index[src]
+                e += 1
+                if p_first >= 0:
+                    read_tensor[q] = p_first + p_index[src]
+                    read_task[q] = task
+                    q += 1
+            if tr_stage[i] == 2:  # an AddN root forwards what reached it in stage 1
+                for j in range(first, first + n):
+                    if tr_stage[j] == 1 and tr_dst[j] == src:
+                        dep_task[e] = task
+                        dep_on[e] = first_task + t0 + j - first
+                        e += 1
+                        read_tensor[q] = first_tensor + t0 + j - first
+                        read_task[q] = task
+                        q += 1
+            tensor_device[t] = dst
+            tensor_bytes[t] = nbytes
+            t += 1
+        for c in range(bundle_consumer_ptr[b], bundle_consumer_ptr[b + 1]):
+            c_base = c_shift + bundle_consumer[c] * r_c
+            for r in range(r_c):
+                device = c_devices[r]
+                task = c_base + r
+                if p_base >= 0 and sk_local[sk * num_devices + device] and p_base + p_index[device] != task:
+                    dep_task[e] = task
+                    dep_on[e] = p_base + p_index[device]
+                    e += 1
+                    if p_first >= 0:
+                        read_tensor[q] = p_first + p_index[device]
+                        read_task[q] = task
+                        q += 1
+                for j in range(first, first + n):
+                    if tr_dst[j] == device:
+                        dep_task[e] = task
+                        dep_on[e] = first_task + t0 + j - first
+                        e += 1
+                        read_tensor[q] = first_tensor + t0 + j - first
+                        read_task[q] = task
+                        q += 1
+    tensor_producer = first_task + np.arange(tasks)
+    return (duration, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device, tensor_bytes,
+            tensor_producer, read_tensor[:q].copy(), read_task[:q].copy())
+
+
+@_jit
+def _task_ref(ref, block_p, block_c, early, base_p, base_c, early_base, late_base):
+    """Global id of a fragment's task reference (numbering in :func:`_assemble`)."""
+    if ref < block_p:
+        return base_p + ref
+    ref -= block_p
+    if ref < block_c:
+        return base_c + ref
+    ref -= block_c
+    if ref < early:
+        return early_base + ref
+    return late_base + ref - early
+
+
+@_jit
+def _tensor_ref(ref, tblock_p, tblock_c, tbase_p, tbase_c, own_base):
+    if ref < tblock_p:
+        return tbase_p + ref
+    ref -= tblock_p
+    if ref < tblock_c:
+        return tbase_c + ref
+    return own_base + ref - tblock_c
+
+
+# ------------------------------------------------------------------------------------------------ entry points
+
+
+def strategy_evaluator(group_graph: GroupGraph, cluster: Cluster, *, granularity: str = "group",
+                       cost: CostModel | None = None) -> StrategyEvaluator:
+    """The :class:`StrategyEvaluator` of (grouping, cluster, granularity, cost model), cached with the
+    compiler's per-cluster tables (it dies with the cluster)."""
+    tables = compiler_tables(group_graph, cluster, cost if cost is not None else group_graph.cost, granularity)
+    context = cluster_context(cluster, tables)
+    if context.evaluator is None:
+        context.evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, cost=cost)
+    return context.evaluator
+
+
+def evaluate_strategy(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *, granularity: str = "group",
+                      cost: CostModel | None = None, feedback: bool = True,
+                      raise_on_oom: bool = False) -> SimulationResult:
+    """``simulate_fast(compile_strategy(group_graph, strategy, cluster, granularity=...).taskgraph)``, from
+    cached fragments (module docstring): what search calls. Same SimulationResult, bit for bit."""
+    return strategy_evaluator(group_graph, cluster, granularity=granularity, cost=cost)(
+        strategy, feedback=feedback, raise_on_oom=raise_on_oom)
