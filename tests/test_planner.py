@@ -38,7 +38,8 @@ def test_plan_is_never_slower_than_dp_nccl_and_figures_are_consistent(vgg_outcom
     outcome = vgg_outcome
     dp = outcome.baselines[0]
     assert not dp.oom and outcome.result.feasible
-    assert outcome.iteration_time_s <= dp.iteration_time_s * (1 + 1e-12)
+    for baseline in outcome.baselines:  # DP-NCCL, DP-NCCL-P, Horovod: each is a start of the final pass
+        assert outcome.iteration_time_s <= baseline.iteration_time_s * (1 + 1e-12)
     # The search's best, then SFB kept only where it helps: the final plan is never slower than the search's.
     assert outcome.iteration_time_s <= outcome.search.best_time * (1 + 1e-12)
     speedups = outcome.speedup_over()
