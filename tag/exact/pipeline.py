@@ -1,0 +1,572 @@
+"""Pipeline plans: compile S stages × R replicas to the shared TaskGraph, simulate, and plan end to end.
+
+**Compilation** (:func:`compile_pipeline`). Stage s has replicas on the devices ``mapping[s]`` (every
+device at most once in the whole mapping). Each micro-batch is split evenly over a stage's replicas;
+replica i of stage s covers the batch slice [i/R_s, (i+1)/R_s), so between two stages with equal
+replica counts replica i talks to replica i only, and between unequal ones each pair exchanges the
+bytes of the overlap of their slices. Per replica and micro-batch m:
+
+- compute tasks ``sFm`` and ``sBm`` timed for the device's GPU type (StageGraph.forward_time /
+  backward_time), run in the stage's GPipe or 1F1B order (:mod:`tag.exact.schedules`), which the
+  TaskGraph enforces by chaining each device's tasks;
+- for every stage edge a → b, a transfer of the activation after ``aFm`` that ``bFm`` waits for, and a
+  transfer of its gradient after ``bBm`` that ``aBm`` waits for;
+- after its last backward, a ring all-reduce of the stage's gradients over its replicas (when R_s > 1),
+  then the optimizer step on every replica.
+
+Memory: parameters × 4 (fp32 Adam: weights, gradients, two moments) per device for the whole run; the
+activations a micro-batch keeps for backward from ``sFm`` to the end of ``sBm``; received activations
+(kept for backward) until ``sBm`` ends; received gradients until ``sBm`` ends.
+
+**Planning** (:func:`plan_pipeline`). A partitioner (Parmesan: clustering + DP over downsets +
+refinement; PipeDream-style contiguous DP; RaNNC's Algorithms 1–2) cuts the forward graph, a mapper
+places stage replicas on devices (default: consecutive, stage-major), and the simulator scores the plan.
+(S, R, M) and Parmesan's α are chosen by simulation (Parmesan App. B) with the consecutive placement;
+the mapper is called once, on the chosen configuration, and the plan re-simulated on its placement.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, NamedTuple, Sequence
+
+import numpy as np
+
+from tag.cluster.cluster import Cluster
+from tag.cost.comm import allreduce_time
+from tag.cost.compute import CostModel
+from tag.exact.clustering import ALPHAS, cluster_operators
+from tag.exact.downsets import DEFAULT_DOWNSET_LIMIT, DownsetLimitError
+from tag.exact.partition import (
+    COMM_CROSSINGS,
+    PartitionResult,
+    partition_parmesan,
+    partition_pipedream,
+)
+from tag.exact.rannc import RannCSolution, blocks_from_groups, form_stage, rannc_dp, solution_stages
+from tag.exact.schedules import BACKWARD, FORWARD, stage_orders
+from tag.exact.stage_graph import (
+    ADAM_MEMORY_COPIES,
+    SCHEDULES,
+    ForwardGraph,
+    PartitionError,
+    StageGraph,
+    build_stage_graph,
+)
+from tag.graph.opgraph import OpGraph
+from tag.sim import SimulationResult, TaskGraph, TaskGraphBuilder, simulate_fast
+
+__all__ = [
+    "Placement",
+    "Mapper",
+    "consecutive_mapping",
+    "compile_pipeline",
+    "simulate_pipeline",
+    "PipelinePlan",
+    "plan_pipeline",
+    "PARTITIONERS",
+    "reference_bandwidth",
+]
+
+log = logging.getLogger(__name__)
+
+PARTITIONERS = ("parmesan", "rannc", "pipedream")
+RANNC_BLOCKS = 32  # RaNNC §IV-A: k = 32 blocks
+# While (S, R, M) are being compared, hyper-op graphs are kept to this many downsets (K is lowered until
+# they fit); the chosen configuration is then partitioned again under the caller's limit, for every α.
+SEARCH_DOWNSET_LIMIT = 256
+
+
+class Placement(NamedTuple):
+    """What a mapper returns: ``mapping[s][r]`` device ids, and what it can prove."""
+
+    mapping: list[list[int]]  # [S][R_s]
+    lower_bound: float | None  # seconds, a bound on the best max stage time; None when unknown
+    proven_optimal: bool
+    solve_time_s: float
+
+
+# (stage_graph, replicas: int when uniform else [S] list, cluster, devices) -> object with .mapping,
+# .lower_bound, .proven_optimal, .solve_time_s
+Mapper = Callable[[StageGraph, Any, Cluster, list[int]], Any]
+
+
+def consecutive_mapping(stage_graph: StageGraph, replicas: int | Sequence[int], cluster: Cluster,
+                        devices: Sequence[int]) -> Placement:
+    """Stage-major consecutive placement: stage 0's replicas on the first devices, then stage 1's…"""
+    counts = stage_graph.replicas.tolist()
+    if sum(counts) > len(devices):
+        raise PartitionError(f"{sum(counts)} stage replicas need as many devices; {len(devices)} given")
+    out, k = [], 0
+    for count in counts:
+        out.append([int(d) for d in devices[k:k + count]])
+        k += count
+    return Placement(out, None, False, 0.0)
+
+
+# ------------------------------------------------------------------------------------------- compilation
+
+
+def _check_mapping(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]]) -> list[list[int]]:
+    rows = [[int(d) for d in row] for row in mapping]
+    if len(rows) != stage_graph.num_stages:
+        raise PartitionError(f"mapping has {len(rows)} rows for {stage_graph.num_stages} stages")
+    for s, row in enumerate(rows):
+        if len(row) != stage_graph.replicas[s]:
+            raise PartitionError(f"mapping row {s} has {len(row)} devices for {stage_graph.replicas[s]} replicas")
+        bad = [d for d in row if not 0 <= d < cluster.num_devices]
+        if bad:
+            raise PartitionError(f"mapping row {s}: device {bad[0]} is not in cluster {cluster.name!r} "
+                                 f"(devices 0..{cluster.num_devices - 1})")
+    flat = [d for row in rows for d in row]
+    if len(set(flat)) != len(flat):
+        seen: set[int] = set()
+        twice = next(d for d in flat if d in seen or seen.add(d))
+        raise PartitionError(f"mapping places two stage replicas on device {twice}")
+    return rows
+
+
+def _overlap(i: int, r_a: int, j: int, r_b: int) -> float:
+    """Fraction of the micro-batch that replica i of r_a and replica j of r_b both cover."""
+    return max(0.0, min((i + 1) / r_a, (j + 1) / r_b) - max(i / r_a, j / r_b))
+
+
+def compile_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]], *,
+                     schedule: str = "1f1b") -> TaskGraph:
+    """The TaskGraph of one training iteration of the pipeline (module docstring)."""
+    rows = _check_mapping(stage_graph, cluster, mapping)
+    sg = stage_graph
+    num_stages, micro_batches = sg.num_stages, sg.micro_batches
+    type_of = []
+    for d in range(cluster.num_devices):
+        gpu = cluster.gpu(d)
+        type_of.append(sg.gpu_types.index(gpu) if gpu in sg.gpu_types else -1)
+    for row in rows:
+        for d in row:
+            if type_of[d] < 0:
+                raise PartitionError(f"the stage graph has no times for {cluster.gpu(d).name} (device {d}); "
+                                     "build it with the cluster's GPU types")
+    builder = TaskGraphBuilder(cluster, num_groups=num_stages)
+    orders = stage_orders(num_stages, micro_batches, schedule)
+    task: dict[tuple[int, int, str, int], int] = {}  # (stage, replica, kind, micro-batch) -> task id
+    for s, row in enumerate(rows):
+        for r, device in enumerate(row):
+            previous: int | None = None
+            for action in orders[s]:
+                times = sg.forward_time if action.kind == FORWARD else sg.backward_time
+                tid = builder.compute(device, float(times[s, type_of[device]]),
+                                      deps=() if previous is None else (previous,), name=f"s{s}r{r}{action.kind}{action.micro_batch}", label=repr(action), group=s)
+                task[s, r, action.kind, action.micro_batch] = tid
+                previous = tid
+            builder.tensor(device, ADAM_MEMORY_COPIES * float(sg.param_bytes[s]), persistent=True,
+                           name=f"s{s}r{r}.state")
+            for m in range(micro_batches):
+                builder.tensor(device, float(sg.activation_bytes[s]), producer=task[s, r, FORWARD, m],
+                               consumers=(task[s, r, BACKWARD, m],), name=f"s{s}r{r}.act{m}")
+    _add_transfers(builder, sg, rows, task)
+    _add_gradient_sync(builder, sg, cluster, rows, task, type_of, orders)
+    return builder.build()
+
+
+def _add_transfers(builder: TaskGraphBuilder, sg: StageGraph, rows: list[list[int]],
+                   task: dict[tuple[int, int, str, int], int]) -> None:
+    for a, b, nbytes in zip(sg.edge_src.tolist(), sg.edge_dst.tolist(), sg.edge_bytes.tolist()):
+        r_a, r_b = len(rows[a]), len(rows[b])
+        total = nbytes * r_a  # one micro-batch over all replicas of the sender
+        for i in range(r_a):
+            for j in range(r_b):
+                overlap = _overlap(i, r_a, j, r_b)
+                if overlap <= 0:
+                    continue
+                share = total * overlap
+                src, dst = rows[a][i], rows[b][j]
+                for m in range(sg.micro_batches):
+                    if share <= 0:  # nothing to move: the order still holds
+                        builder.add_deps(task[b, j, FORWARD, m], (task[a, i, FORWARD, m],))
+                        builder.add_deps(task[a, i, BACKWARD, m], (task[b, j, BACKWARD, m],))
+                        continue
+                    fwd = builder.transfer(src, dst, share, deps=(task[a, i, FORWARD, m],),
+                                           name=f"s{a}r{i}>s{b}r{j}F{m}", label=f"{a}>{b}F{m}", group=a)
+                    builder.add_deps(task[b, j, FORWARD, m], (fwd,))
+                    builder.tensor(dst, share, producer=fwd,
+                                   consumers=(task[b, j, FORWARD, m], task[b, j, BACKWARD, m]),
+                                   name=f"s{a}r{i}>s{b}r{j}.act{m}")
+                    bwd = builder.transfer(dst, src, share, deps=(task[b, j, BACKWARD, m],),
+                                           name=f"s{b}r{j}>s{a}r{i}B{m}", label=f"{b}>{a}B{m}", group=b)
+                    builder.add_deps(task[a, i, BACKWARD, m], (bwd,))
+                    builder.tensor(src, share, producer=bwd, consumers=(task[a, i, BACKWARD, m],),
+                                   name=f"s{b}r{j}>s{a}r{i}.grad{m}")
+
+
+def _add_gradient_sync(builder: TaskGraphBuilder, sg: StageGraph, cluster: Cluster, rows: list[list[int]],
+                       task: dict[tuple[int, int, str, int], int], type_of: list[int], orders) -> None:
+    for s, row in enumerate(rows):
+        last = orders[s][-1]
+        finals = [task[s, r, last.kind, last.micro_batch] for r in range(len(row))]
+        if len(row) > 1 and sg.param_bytes[s] > 0:
+            duration = allreduce_time(cluster, row, float(sg.param_bytes[s]))
+            sync = [builder.collective(row, duration, op="allreduce", nbytes=float(sg.param_bytes[s]), deps=finals,
+                                       name=f"s{s}.allreduce", label=f"{s}AR", group=s)] * len(row)
+        else:
+            sync = finals
+        for r, device in enumerate(row):
+            builder.compute(device, float(sg.optimizer_time[s, type_of[device]]), deps=(sync[r], finals[r]),
+                            name=f"s{s}r{r}.optimizer", label=f"{s}O", group=s)
+
+
+def simulate_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]], *,
+                      schedule: str = "1f1b", feedback: bool = False) -> tuple[TaskGraph, SimulationResult]:
+    taskgraph = compile_pipeline(stage_graph, cluster, mapping, schedule=schedule)
+    return taskgraph, simulate_fast(taskgraph, feedback=feedback)
+
+
+# ------------------------------------------------------------------------------------------- plans
+
+
+@dataclass(eq=False)
+class PipelinePlan:
+    """A pipeline plan and its simulated iteration."""
+
+    stage_graph: StageGraph
+    mapping: list[list[int]]  # [S][R_s] device ids
+    schedule: str
+    partitioner: str
+    taskgraph: TaskGraph
+    result: SimulationResult
+    lower_bound: float | None = None  # from the mapper, seconds
+    proven_optimal: bool = False
+    solve_time_s: float = 0.0  # the mapper's
+    info: dict[str, Any] = field(default_factory=dict)  # partition details, search log, timings
+
+    @property
+    def iteration_time(self) -> float:
+        return self.result.iteration_time
+
+    @property
+    def num_stages(self) -> int:
+        return self.stage_graph.num_stages
+
+    def as_dict(self) -> dict[str, Any]:
+        sg = self.stage_graph
+        counts = sg.replicas.tolist()
+        return {
+            "kind": "pipeline",
+            "partitioner": self.partitioner,
+            "schedule": self.schedule,
+            "stages": sg.num_stages,
+            "replicas": counts[0] if len(set(counts)) == 1 else counts,
+            "micro_batches": sg.micro_batches,
+            "mapping": self.mapping,
+            "stage_time_s": sg.stage_time.tolist(),
+            "max_stage_time_s": float(sg.stage_time.max()),
+            "iteration_time_s": self.result.iteration_time,
+            "peak_memory_bytes": float(self.result.peak_memory.max()),
+            "feasible": bool(self.result.feasible),
+            "lower_bound_s": self.lower_bound,
+            "proven_optimal": bool(self.proven_optimal),
+            "solve_time_s": float(self.solve_time_s),
+            "stage_ops": np.bincount(sg.forward_assignment, minlength=sg.num_stages).tolist(),
+            "edge_bytes": sg.edge_bytes.tolist(),
+            **{k: v for k, v in self.info.items() if isinstance(v, (int, float, str, bool)) or v is None},
+        }
+
+    def __repr__(self) -> str:
+        return (f"PipelinePlan({self.partitioner}, S={self.num_stages}, R={self.stage_graph.replicas.tolist()}, "
+                f"M={self.stage_graph.micro_batches}, {self.schedule}, {self.iteration_time * 1e3:.4g} ms)")
+
+
+@dataclass
+class _Context:
+    """What every candidate of one planning run shares."""
+
+    fg: ForwardGraph
+    cluster: Cluster
+    devices: list[int]
+    reference_type: int
+    capacity: float
+    bandwidth: float
+    schedule: str
+    num_hyper_ops: int | None
+    downset_limit: int
+    log: list[dict[str, Any]] = field(default_factory=list)  # one entry per simulated candidate
+    failures: list[str] = field(default_factory=list)  # why candidates could not be partitioned
+
+
+class _Candidate(NamedTuple):
+    stage_graph: StageGraph
+    mapping: list[list[int]]
+    taskgraph: TaskGraph
+    result: SimulationResult
+    info: dict[str, Any]
+
+    def key(self) -> tuple[bool, float]:
+        return (not self.result.feasible, self.result.iteration_time)
+
+
+def reference_bandwidth(cluster: Cluster, devices: Sequence[int]) -> float:
+    """Median bandwidth between two of ``devices`` (inf for one device): what the partitioners price
+    boundary tensors at before a mapping exists."""
+    ids = np.asarray(devices)
+    if ids.size < 2:
+        return float("inf")
+    table = cluster.bandwidth[np.ix_(ids, ids)]
+    return float(np.median(table[~np.eye(ids.size, dtype=bool)]))
+
+
+def _reference_type(fg: ForwardGraph, cluster: Cluster, devices: Sequence[int]) -> int:
+    counts = np.bincount(cluster.device_type[np.asarray(devices)], minlength=len(cluster.types))
+    return fg.gpu_types.index(cluster.types[int(np.argmax(counts))])
+
+
+def _evaluate(ctx: _Context, forward_stage: np.ndarray, replicas, micro_batches: int, info: dict[str, Any],
+              mapping: list[list[int]] | None = None) -> _Candidate:
+    sg = build_stage_graph(ctx.fg, forward_stage, replicas=replicas, micro_batches=micro_batches,
+                           reference_type=ctx.reference_type, info=info)
+    mapping = mapping if mapping is not None else consecutive_mapping(sg, sg.replicas, ctx.cluster, ctx.devices).mapping
+    taskgraph, result = simulate_pipeline(sg, ctx.cluster, mapping, schedule=ctx.schedule)
+    ctx.log.append({"stages": sg.num_stages, "replicas": sg.replicas.tolist(), "micro_batches": micro_batches,
+                    "alpha": info.get("alpha"), "iteration_time_s": result.iteration_time,
+                    "feasible": bool(result.feasible)})
+    return _Candidate(sg, mapping, taskgraph, result, info)
+
+
+def _partition(ctx: _Context, method: str, stages: int, replicas: int, micro_batches: int,
+               alpha: float, downset_limit: int) -> PartitionResult:
+    common = dict(stages=stages, replicas=replicas, micro_batches=micro_batches, capacity=ctx.capacity,
+                  bandwidth=ctx.bandwidth, reference_type=ctx.reference_type, schedule=ctx.schedule)
+    if method == "pipedream":
+        return partition_pipedream(ctx.fg, **common)
+    return partition_parmesan(ctx.fg, **common, alpha=alpha, num_hyper_ops=ctx.num_hyper_ops,
+                              downset_limit=downset_limit)
+
+
+def _try(ctx: _Context, method: str, stages: int, replicas: int, micro_batches: int,
+         alpha: float, downset_limit: int) -> _Candidate | None:
+    try:
+        part = _partition(ctx, method, stages, replicas, micro_batches, alpha, downset_limit)
+    except (PartitionError, DownsetLimitError) as error:
+        log.info("S=%d R=%d M=%d alpha=%s: %s", stages, replicas, micro_batches, alpha, error)
+        ctx.failures.append(f"S={stages} R={replicas} M={micro_batches}: {error}")
+        return None
+    info = {**part.info, "dp_cost_s": part.dp_cost, "partition_max_stage_time_s": part.max_stage_time}
+    return _evaluate(ctx, part.forward_stage, replicas, micro_batches, info)
+
+
+def _powers_of_two(limit: int) -> list[int]:
+    out, m = [], 1
+    while m <= limit:
+        out.append(m)
+        m *= 2
+    return out
+
+
+def _micro_batch_choices(stages: int, replicas: int, batch: int, given: int | None) -> list[int]:
+    if given is not None:
+        return [given]
+    limit = max(1, batch // replicas)
+    choices = [m for m in _powers_of_two(limit) if stages <= m <= 4 * stages] or [max(_powers_of_two(limit))]
+    return choices
+
+
+def _configurations(num_devices: int, num_nodes: int) -> list[tuple[int, int]]:
+    """(S, R) pairs of Parmesan App. B's search: powers of two and the full S = D // R, at least half the
+    devices busy."""
+    pairs = set()
+    for replicas in _powers_of_two(num_devices):
+        most = num_devices // replicas
+        for stages in set(_powers_of_two(most)) | {most}:
+            if stages <= num_nodes and 2 * stages * replicas >= num_devices:
+                pairs.add((stages, replicas))
+    return sorted(pairs)
+
+
+def _check_positive(name: str, value: Any) -> None:
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1):
+        raise PartitionError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _search_uniform(ctx: _Context, method: str, stages: int | None, replicas: int | None, auto: bool,
+                    micro_batches: int | None, alphas: Sequence[float]) -> _Candidate:
+    num_devices = len(ctx.devices)
+    batch = ctx.fg.batch_size
+    if auto or (stages is None and replicas is None):
+        pairs = [(s, r) for s, r in _configurations(num_devices, ctx.fg.num_nodes)
+                 if (stages is None or s == stages) and (replicas is None or r == replicas)]
+    else:
+        s = stages if stages is not None else max(1, num_devices // replicas)
+        r = replicas if replicas is not None else max(1, num_devices // stages)
+        pairs = [(s, r)]
+    if not pairs:
+        raise PartitionError(f"no (stages, replicas) configuration with stages={stages}, replicas={replicas} "
+                             f"fits {num_devices} devices and {ctx.fg.num_nodes} forward ops")
+    best: _Candidate | None = None
+    first_alpha = 1.0 if 1.0 in alphas or method == "pipedream" else alphas[0]
+    scan_limit = min(ctx.downset_limit, SEARCH_DOWNSET_LIMIT) if len(pairs) > 1 or micro_batches is None \
+        else ctx.downset_limit
+    for s, r in pairs:
+        if s * r > num_devices:
+            raise PartitionError(f"{s} stages x {r} replicas need {s * r} devices; {num_devices} given")
+        if micro_batches is not None and micro_batches * r > batch:
+            raise PartitionError(f"{micro_batches} micro-batches x {r} replicas exceed the batch of {batch} "
+                                 "samples (each replica needs at least one sample per micro-batch)")
+        for m in _micro_batch_choices(s, r, batch, micro_batches):
+            candidate = _try(ctx, method, s, r, m, first_alpha, scan_limit)
+            if candidate is not None and (best is None or candidate.key() < best.key()):
+                best = candidate
+    if best is None:
+        reason = f"; first failure: {ctx.failures[0]}" if ctx.failures else ""
+        raise PartitionError(f"none of {len(ctx.failures)} pipeline configuration(s) could be partitioned on "
+                             f"{num_devices} devices{reason}")
+    if method == "parmesan":
+        s, r, m = best.stage_graph.num_stages, int(best.stage_graph.replicas[0]), best.stage_graph.micro_batches
+        for alpha in alphas:
+            if alpha == first_alpha and scan_limit == ctx.downset_limit:
+                continue
+            candidate = _try(ctx, method, s, r, m, alpha, ctx.downset_limit)
+            if candidate is not None and candidate.key() < best.key():
+                best = candidate
+    return best
+
+
+def _rannc_blocks(ctx: _Context):
+    fg = ctx.fg
+    t = ctx.reference_type
+    group = cluster_operators(fg.num_nodes, fg.edge_src, fg.edge_dst, node_cost=fg.compute_time(1.0, t),
+                              edge_comm=fg.edge_bytes(1.0) * COMM_CROSSINGS / ctx.bandwidth,
+                              num_clusters=min(RANNC_BLOCKS, fg.num_nodes), alpha=ALPHAS[0])
+    blocks = blocks_from_groups(group, fg.fwd_fixed[:, t], fg.fwd_scaled[:, t], fg.bwd_fixed[:, t],
+                                fg.bwd_scaled[:, t], fg.static_bytes(), fg.act_fixed, fg.act_scaled,
+                                fg.edge_src, fg.edge_dst, fg.edge_fixed, fg.edge_scaled, fg.batch_size)
+    return group, blocks
+
+
+def _rannc_mapping(ctx: _Context, solution: RannCSolution, nodes_per_copy: int, per_node: int) -> list[list[int]]:
+    """Pipeline copy c on machines [c·n, (c+1)·n) of the used devices, stage i on the next d_i devices
+    of its copy; rows list every copy's replicas, copy-major."""
+    machines: dict[int, list[int]] = {}
+    for d in ctx.devices:
+        machines.setdefault(int(ctx.cluster.machine[d]), []).append(d)
+    ordered = [devs[:per_node] for _, devs in sorted(machines.items())]
+    rows: list[list[int]] = [[] for _ in solution.devices]
+    for c in range(solution.copies):
+        pool = [d for devs in ordered[c * nodes_per_copy:(c + 1) * nodes_per_copy] for d in devs]
+        k = 0
+        for i, count in enumerate(solution.devices):
+            rows[i].extend(pool[k:k + count])
+            k += count
+    return rows
+
+
+def _search_rannc(ctx: _Context, stages: int | None, replicas: int | None, auto: bool,
+                  micro_batches: int | None) -> _Candidate:
+    group, blocks = _rannc_blocks(ctx)
+    comm_scale = 1.0 / ctx.bandwidth
+    start = time.perf_counter()
+    if auto or stages is None:
+        machine_sizes = np.bincount(ctx.cluster.machine[np.asarray(ctx.devices)])
+        machine_sizes = machine_sizes[machine_sizes > 0]
+        per_node, nodes = int(machine_sizes.min()), int(machine_sizes.size)
+        cache: dict[RannCSolution, _Candidate] = {}
+
+        def evaluate(solution: RannCSolution) -> float:
+            n = sum(solution.devices) // per_node
+            mapping = _rannc_mapping(ctx, solution, max(n, 1), per_node)
+            counts = [c * solution.copies for c in solution.devices]
+            info = {"method": "rannc", "dp_cost_s": solution.value, "blocks": blocks.num_blocks}
+            cache[solution] = _evaluate(ctx, solution_stages(solution, group), counts, solution.micro_batches,
+                                        info, mapping)
+            key = cache[solution].key()
+            return key[1] + (1e9 if key[0] else 0.0)
+
+        solution = form_stage(blocks, nodes=nodes, devices_per_node=per_node, capacity=ctx.capacity,
+                              comm_scale=comm_scale, schedule=ctx.schedule, evaluate=evaluate,
+                              max_micro_batches=micro_batches)
+        best = cache[solution]
+    else:
+        devices = stages * replicas if replicas is not None else len(ctx.devices)
+        if devices > len(ctx.devices):
+            raise PartitionError(f"{stages} stages x {replicas} replicas need {devices} devices; "
+                                 f"{len(ctx.devices)} given")
+        best = None
+        for m in _micro_batch_choices(stages, max(1, devices // stages), ctx.fg.batch_size, micro_batches):
+            solution = rannc_dp(blocks, stages=stages, devices=devices, micro_batches=m, capacity=ctx.capacity,
+                                comm_scale=comm_scale, schedule=ctx.schedule)
+            if solution is None:
+                continue
+            info = {"method": "rannc", "dp_cost_s": solution.value, "blocks": blocks.num_blocks}
+            candidate = _evaluate(ctx, solution_stages(solution, group), list(solution.devices), m, info)
+            if best is None or candidate.key() < best.key():
+                best = candidate
+        if best is None:
+            raise PartitionError(f"RaNNC found no feasible partition into {stages} stages on {devices} devices")
+    best.info["dp_s"] = time.perf_counter() - start
+    return best
+
+
+def _call_mapper(mapper: Mapper, sg: StageGraph, cluster: Cluster, devices: list[int], seed: int):
+    counts = sg.replicas.tolist()
+    replicas = counts[0] if len(set(counts)) == 1 else counts
+    try:
+        takes_seed = "seed" in inspect.signature(mapper).parameters
+    except (TypeError, ValueError):
+        takes_seed = False
+    return mapper(sg, replicas, cluster, devices, seed=seed) if takes_seed else mapper(sg, replicas, cluster, devices)
+
+
+def plan_pipeline(graph: OpGraph, cluster: Cluster, *, stages: int | None = None, replicas: int | None = None,
+                  auto: bool = False, partitioner: str = "parmesan", mapper: Mapper | None = None,
+                  micro_batches: int | None = None, schedule: str = "1f1b", seed: int = 0,
+                  cost: CostModel | None = None, devices: Sequence[int] | None = None,
+                  num_hyper_ops: int | None = None, alphas: Sequence[float] | None = None,
+                  bandwidth: float | None = None, downset_limit: int = DEFAULT_DOWNSET_LIMIT) -> PipelinePlan:
+    """Partition ``graph``, map the stages onto ``cluster`` and simulate one iteration.
+
+    ``stages`` / ``replicas`` fix S and R (the other defaults to filling the devices); with neither, or
+    ``auto``, (S, R) is searched as in Parmesan App. B (RaNNC: its Algorithm 2). ``micro_batches``
+    defaults to the best power of two in [S, 4S] by simulation (at most batch / R). ``mapper`` places the
+    chosen stage graph (default consecutive); ``seed`` is passed to a mapper that takes one.
+    ``devices`` restricts the plan to some devices; ``bandwidth`` overrides the median link bandwidth the
+    partitioners price boundary tensors at; ``alphas`` are Parmesan's clustering weights to try.
+    """
+    if partitioner not in PARTITIONERS:
+        raise PartitionError(f"partitioner must be one of {', '.join(PARTITIONERS)}, got {partitioner!r}")
+    if schedule not in SCHEDULES:
+        raise PartitionError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    for name, value in (("stages", stages), ("replicas", replicas), ("micro_batches", micro_batches),
+                        ("num_hyper_ops", num_hyper_ops)):
+        _check_positive(name, value)
+    device_list = list(range(cluster.num_devices)) if devices is None else [int(d) for d in devices]
+    if not device_list or len(set(device_list)) != len(device_list) or \
+            any(not 0 <= d < cluster.num_devices for d in device_list):
+        raise PartitionError(f"devices must be distinct ids in 0..{cluster.num_devices - 1}, got {devices!r}")
+    alphas = tuple(ALPHAS if alphas is None else alphas)
+    if not alphas or not all(isinstance(a, (int, float)) and np.isfinite(a) and a >= 0 for a in alphas):
+        raise PartitionError(f"alphas must be a non-empty list of non-negative numbers, got {alphas!r}")
+    if bandwidth is not None and not bandwidth > 0:
+        raise PartitionError(f"bandwidth must be positive, got {bandwidth!r}")
+    start = time.perf_counter()
+    fg = ForwardGraph.from_graph(graph, cluster.types, cost=cost)
+    ctx = _Context(fg, cluster, device_list, _reference_type(fg, cluster, device_list),
+                   float(cluster.memory_bytes()[device_list].min()),
+                   bandwidth if bandwidth is not None else reference_bandwidth(cluster, device_list),
+                   schedule, num_hyper_ops, downset_limit)
+    if partitioner == "rannc":
+        best = _search_rannc(ctx, stages, replicas, auto, micro_batches)
+    else:
+        best = _search_uniform(ctx, partitioner, stages, replicas, auto, micro_batches, alphas)
+    info = dict(best.info)
+    info["planning_time_s"] = time.perf_counter() - start
+    info["configurations_simulated"] = len(ctx.log)
+    lower_bound, proven, solve_time = None, False, 0.0
+    mapping, taskgraph, result = best.mapping, best.taskgraph, best.result
+    if mapper is not None:
+        mapped = _call_mapper(mapper, best.stage_graph, cluster, device_list, seed)
+        mapping = _check_mapping(best.stage_graph, cluster, mapped.mapping)
+        taskgraph, result = simulate_pipeline(best.stage_graph, cluster, mapping, schedule=schedule)
+        lower_bound, proven, solve_time = mapped.lower_bound, bool(mapped.proven_optimal), float(mapped.solve_time_s)
+    info["search"] = ctx.log
+    return PipelinePlan(best.stage_graph, mapping, schedule, partitioner, taskgraph, result,
+                        None if lower_bound is None else float(lower_bound), proven, solve_time, info)

@@ -1,0 +1,241 @@
+"""Pipeline schedules, compilation of pipeline plans to the TaskGraph, and end-to-end planning."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from tag.cluster import Cluster, gpu_type, resolve_cluster
+from tag.exact.pipeline import compile_pipeline, consecutive_mapping, plan_pipeline, simulate_pipeline
+from tag.exact.schedules import Action, format_grid, stage_order, stage_orders, unit_time_schedule
+from tag.exact.stage_graph import PartitionError, StageGraph, inflight_micro_batches
+from tag.graph.pipedream import load_pipedream
+from tag.sim import TASK_COLLECTIVE, TASK_TRANSFER, device_schedule, simulate, simulate_fast
+
+PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pipedream-profiles"
+needs_profiles = pytest.mark.skipif(not PROFILES.is_dir(), reason="PipeDream profiles not found")
+GB = 1e9
+
+
+def flat_cluster(num_devices, *, bandwidth=10 * GB, gpu="v100-16gb"):
+    return Cluster(name="flat", types=(gpu,), device_type=[0] * num_devices, machine=[0] * num_devices,
+                   bandwidth=np.full((num_devices, num_devices), bandwidth),
+                   latency=np.zeros((num_devices, num_devices)))
+
+
+def hand_stage_graph(num_stages, micro_batches, *, fwd=1e-3, bwd=2e-3, edge_bytes=0.0, params=0.0,
+                     activation=0.0, replicas=1, optimizer=0.0):
+    """A chain of uniform stages built by hand (no OpGraph behind it)."""
+    counts = np.full(num_stages, replicas) if np.isscalar(replicas) else np.asarray(replicas)
+    src = np.arange(num_stages - 1)
+    return StageGraph(
+        stage_time=np.full(num_stages, fwd + bwd), edge_src=src, edge_dst=src + 1,
+        edge_bytes=np.full(num_stages - 1, float(edge_bytes)), param_bytes=np.full(num_stages, float(params)),
+        memory_bytes=np.zeros(num_stages), assignment=np.zeros(0, dtype=np.int64), replicas=counts,
+        micro_batches=micro_batches, gpu_types=(gpu_type("v100-16gb"),), reference_type=0,
+        forward_time=np.full((num_stages, 1), fwd), backward_time=np.full((num_stages, 1), bwd),
+        optimizer_time=np.full((num_stages, 1), optimizer), activation_bytes=np.full(num_stages, float(activation)),
+        input_bytes=np.zeros(num_stages), forward_assignment=np.arange(num_stages))
+
+
+# ------------------------------------------------------------------------------------------- schedules
+
+
+def test_action_repr():
+    assert repr(Action(2, "F", 0)) == "2F0"
+    assert repr(stage_order(1, 2, 3)) == "[1F0, 1B0, 1F1, 1B1, 1F2, 1B2]"
+    assert repr(stage_order(0, 2, 3)) == "[0F0, 0F1, 0B0, 0F2, 0B1, 0B2]"
+
+
+def test_grid_by_hand():
+    assert format_grid(stage_orders(2, 3, "1f1b")) == (
+        "stage 0 |0F0 0F1 ... 0B0 0F2 0B1 ... 0B2|\n"
+        "stage 1 |... 1F0 1B0 1F1 1B1 1F2 1B2 ...|")
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stages,micro_batches", [(1, 1), (2, 4), (4, 3), (4, 8), (5, 2)])
+def test_orders_run_each_pass_once_forward_first(schedule, stages, micro_batches):
+    for s, order in enumerate(stage_orders(stages, micro_batches, schedule)):
+        assert sorted(order) == sorted(Action(s, k, m) for k in "FB" for m in range(micro_batches))
+        position = {a: i for i, a in enumerate(order)}
+        assert all(position[Action(s, "F", m)] < position[Action(s, "B", m)] for m in range(micro_batches))
+        live = peak = 0
+        for action in order:
+            live += 1 if action.kind == "F" else -1
+            peak = max(peak, live)
+        assert peak == inflight_micro_batches(stages, micro_batches, schedule)[s]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stages,micro_batches", [(2, 1), (2, 5), (3, 4), (4, 8)])
+def test_unit_time_schedule_and_grid(schedule, stages, micro_batches):
+    orders = stage_orders(stages, micro_batches, schedule)
+    times = unit_time_schedule(orders, forward=1.0, backward=2.0)
+    assert max(f for _, f in times.values()) == (micro_batches + stages - 1) * 3.0
+    grid = format_grid(orders, forward=1.0, backward=2.0)
+    assert len(grid.splitlines()) == stages and "0F0" in grid.splitlines()[0]
+
+
+# ------------------------------------------------------------------------------------------- compilation
+
+
+@pytest.mark.parametrize("simulator", [simulate, simulate_fast], ids=["reference", "fast"])
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+@pytest.mark.parametrize("stages,micro_batches", [(2, 1), (2, 4), (2, 7), (3, 5)])
+def test_uniform_pipeline_takes_the_textbook_time(simulator, schedule, stages, micro_batches):
+    f, b = 1e-3, 2e-3
+    sg = hand_stage_graph(stages, micro_batches, fwd=f, bwd=b)
+    taskgraph = compile_pipeline(sg, flat_cluster(stages), [[s] for s in range(stages)], schedule=schedule)
+    result = simulator(taskgraph)
+    assert result.iteration_time == pytest.approx((micro_batches + stages - 1) * (f + b))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_device_orders_respect_stage_dependencies(schedule):
+    stages, micro_batches = 3, 5
+    sg = hand_stage_graph(stages, micro_batches, edge_bytes=1e6, activation=1e6)
+    cluster = flat_cluster(stages)
+    taskgraph, result = simulate_pipeline(sg, cluster, [[s] for s in range(stages)], schedule=schedule)
+    index = {name: i for i, name in enumerate(taskgraph.names)}
+
+    def span(s, kind, m):
+        i = index[f"s{s}r0{kind}{m}"]
+        return result.start[i], result.finish[i]
+
+    for m in range(micro_batches):
+        for s in range(stages):
+            assert span(s, "F", m)[1] <= span(s, "B", m)[0]
+            if s + 1 < stages:
+                assert span(s, "F", m)[1] < span(s + 1, "F", m)[0]  # a transfer sits between them
+                assert span(s + 1, "B", m)[1] < span(s, "B", m)[0]
+    for s in range(stages):
+        labels = [e.label for e in device_schedule(result, taskgraph, s)]
+        assert labels[:-1] == [repr(a) for a in stage_order(s, stages, micro_batches, schedule)]
+        assert labels[-1] == f"{s}O"
+
+
+def test_1f1b_holds_less_memory_than_gpipe():
+    stages, micro_batches = 4, 8
+    sg = hand_stage_graph(stages, micro_batches, edge_bytes=1e5, activation=1e8, params=1e7)
+    cluster = flat_cluster(stages)
+    mapping = [[s] for s in range(stages)]
+    peaks = {schedule: simulate_pipeline(sg, cluster, mapping, schedule=schedule)[1].peak_memory
+             for schedule in ("1f1b", "gpipe")}
+    assert (peaks["1f1b"] <= peaks["gpipe"]).all()
+    assert peaks["1f1b"][0] < peaks["gpipe"][0]
+    # GPipe's first stage holds all M activations and the parameters, Adam state included.
+    assert peaks["gpipe"][0] >= micro_batches * 1e8 + 4 * 1e7
+
+
+def test_replicas_all_reduce_and_split_transfers():
+    sg = hand_stage_graph(2, 2, edge_bytes=1e6, params=1e8, replicas=[2, 1], optimizer=1e-4)
+    cluster = flat_cluster(3)
+    taskgraph, result = simulate_pipeline(sg, cluster, [[0, 1], [2]])
+    collectives = np.flatnonzero(taskgraph.kind == TASK_COLLECTIVE)
+    assert len(collectives) == 1 and sorted(taskgraph.members(collectives[0]).tolist()) == [0, 1]
+    transfers = np.flatnonzero(taskgraph.kind == TASK_TRANSFER)
+    forward = [t for t in transfers if taskgraph.labels[t].endswith(("F0",))]
+    assert sum(taskgraph.nbytes[t] for t in forward) == pytest.approx(2 * 1e6)  # both halves reach stage 1
+    no_sync = simulate_pipeline(hand_stage_graph(2, 2, edge_bytes=1e6, replicas=[2, 1]), cluster, [[0, 1], [2]])[1]
+    assert result.iteration_time > no_sync.iteration_time
+
+
+@needs_profiles
+def test_stage_times_follow_each_device_type(profiles):
+    cluster = Cluster(name="mixed", types=("v100-32gb", "p100"), device_type=[0, 1, 1, 0], machine=[0, 0, 1, 1],
+                      bandwidth=np.full((4, 4), 10 * GB), latency=np.zeros((4, 4)))
+    plan = plan_pipeline(profiles["vgg16"], cluster, stages=2, replicas=2, micro_batches=2, alphas=(1.0,))
+    sg, tg = plan.stage_graph, plan.taskgraph
+    assert [t.name for t in sg.gpu_types] == ["v100-32gb", "p100"]
+    for s, row in enumerate(plan.mapping):
+        for r, device in enumerate(row):
+            column = sg.gpu_types.index(cluster.gpu(device))
+            assert tg.duration[tg.names.index(f"s{s}r{r}F0")] == pytest.approx(sg.forward_time[s, column])
+    assert (sg.forward_time[:, 1] > sg.forward_time[:, 0]).all()  # the P100 is slower
+
+
+def test_mapping_is_validated():
+    sg = hand_stage_graph(2, 2, replicas=2)
+    cluster = flat_cluster(4)
+    with pytest.raises(PartitionError, match="two stage replicas on device 1"):
+        compile_pipeline(sg, cluster, [[0, 1], [1, 2]])
+    with pytest.raises(PartitionError, match="row 1 has 1 devices for 2 replicas"):
+        compile_pipeline(sg, cluster, [[0, 1], [2]])
+    with pytest.raises(PartitionError, match="device 9 is not in cluster"):
+        compile_pipeline(sg, cluster, [[0, 1], [2, 9]])
+    assert consecutive_mapping(sg, 2, cluster, [3, 2, 1, 0]).mapping == [[3, 2], [1, 0]]
+
+
+# ------------------------------------------------------------------------------------------- planning
+
+
+@pytest.fixture(scope="module")
+def profiles():
+    return {name: load_pipedream(PROFILES / f"{name}.graph.txt") for name in ("vgg16", "resnet50", "gnmt")}
+
+
+@needs_profiles
+@pytest.mark.parametrize("partitioner", ["parmesan", "pipedream", "rannc"])
+@pytest.mark.parametrize("model", ["vgg16", "resnet50", "gnmt"])
+def test_pipedream_profiles_plan_end_to_end(profiles, model, partitioner):
+    graph = profiles[model]
+    cluster = flat_cluster(4, gpu="v100-32gb")
+    plan = plan_pipeline(graph, cluster, stages=2, replicas=2, partitioner=partitioner, micro_batches=4,
+                         alphas=(1.0,))
+    summary = plan.as_dict()
+    for key in ("stages", "replicas", "mapping", "max_stage_time_s", "iteration_time_s", "lower_bound_s",
+                "proven_optimal", "solve_time_s"):
+        assert key in summary
+    assert summary["stages"] == 2 and summary["feasible"]
+    assert summary["iteration_time_s"] == plan.result.iteration_time > summary["max_stage_time_s"] > 0
+    assert sorted(d for row in plan.mapping for d in row) == sorted(set(d for row in plan.mapping for d in row))
+    sg = plan.stage_graph
+    assert sg.assignment.shape == (graph.num_ops,) and set(sg.assignment.tolist()) == {0, 1}
+    assert sg.param_bytes.sum() == pytest.approx(graph.total_param_bytes())
+    reference = simulate(plan.taskgraph, feedback=False)
+    assert reference.iteration_time == pytest.approx(plan.iteration_time)
+
+
+@needs_profiles
+def test_plan_calls_the_mapper_once_with_the_chosen_stage_graph(profiles):
+    calls = []
+
+    def mapper(stage_graph, replicas, cluster, devices):
+        calls.append((stage_graph, replicas, list(devices)))
+        rows = consecutive_mapping(stage_graph, replicas, cluster, devices[::-1]).mapping
+        return SimpleNamespace(mapping=np.array(rows), lower_bound=1e-3, proven_optimal=True, solve_time_s=0.25)
+
+    plan = plan_pipeline(profiles["gnmt"], flat_cluster(4), stages=2, replicas=2, mapper=mapper, micro_batches=2,
+                         alphas=(1.0,))
+    assert len(calls) == 1 and calls[0][0] is plan.stage_graph and calls[0][1] == 2 and calls[0][2] == [0, 1, 2, 3]
+    assert plan.mapping == [[3, 2], [1, 0]]
+    summary = plan.as_dict()
+    assert summary["lower_bound_s"] == 1e-3 and summary["proven_optimal"] and summary["solve_time_s"] == 0.25
+
+
+@needs_profiles
+@pytest.mark.parametrize("partitioner", ["parmesan", "rannc"])
+def test_auto_searches_configurations(profiles, partitioner):
+    cluster = resolve_cluster("two-level")
+    plan = plan_pipeline(profiles["gnmt"], cluster, auto=True, partitioner=partitioner, devices=range(8),
+                         alphas=(1.0,))
+    assert plan.result.feasible
+    assert sum(plan.stage_graph.replicas) <= 8
+    assert plan.info["configurations_simulated"] > 1
+    best = min(entry["iteration_time_s"] for entry in plan.info["search"] if entry["feasible"])
+    assert plan.iteration_time == pytest.approx(best)  # the consecutive placement is kept: no mapper
+
+
+@needs_profiles
+def test_plan_errors(profiles):
+    graph, cluster = profiles["gnmt"], flat_cluster(4)
+    with pytest.raises(PartitionError, match="need 6 devices; 4 given"):
+        plan_pipeline(graph, cluster, stages=3, replicas=2)
+    with pytest.raises(PartitionError, match="partitioner must be one of"):
+        plan_pipeline(graph, cluster, stages=2, partitioner="metis")
+    with pytest.raises(PartitionError, match="exceed the batch"):
+        plan_pipeline(graph, cluster, stages=2, replicas=2, micro_batches=64)
+    with pytest.raises(PartitionError, match="schedule must be one of"):
+        plan_pipeline(graph, cluster, stages=2, schedule="zb")
