@@ -73,7 +73,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(TAG_MODELS))
     parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
-    parser.add_argument("--budget", type=int, default=200, help="MCTS iterations per plan (default 200)")
+    parser.add_argument("--budget", type=int, default=600, help="MCTS iterations per plan (default 600, as tag plan)")
     parser.add_argument("--num-groups", type=int, default=60)
     parser.add_argument("--policy", help="GNN checkpoint for the priors (default: uniform, pure MCTS)")
     parser.add_argument("--seed", type=int, default=0)

@@ -566,7 +566,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_cluster(p)
     budget = p.add_mutually_exclusive_group()
-    budget.add_argument("--budget", type=_positive_int, metavar="N", help="search iterations (default 200)")
+    budget.add_argument("--budget", type=_positive_int, metavar="N", help="search iterations (default 600)")
     budget.add_argument("--time", type=_positive_seconds, metavar="S", help="search time limit in seconds")
     priors = p.add_mutually_exclusive_group()
     priors.add_argument("--policy", metavar="CKPT", help="a trained GNN policy checkpoint for the priors")

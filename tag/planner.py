@@ -38,7 +38,7 @@ from tag.strategy import OPTIONS, Strategy
 
 __all__ = ["PlanConfig", "PlanOutcome", "plan_training", "DEFAULT_ITERATIONS", "COMPARED_BASELINES", "SEARCHES"]
 
-DEFAULT_ITERATIONS = 200  # MCTS iterations when neither an iteration nor a time budget is given
+DEFAULT_ITERATIONS = 600  # MCTS iterations when neither an iteration nor a time budget is given
 COMPARED_BASELINES = ("dp-nccl", "dp-nccl-p", "horovod")  # the speed-ups `tag plan` reports (TAG Table 8)
 SEARCHES = ("mcts", "mcmc")
 

@@ -578,8 +578,9 @@ def solve_mapping(problem: MappingProblem, *, instantiation: str = AUTO, time_li
     search just below the best time proves it.
 
     Tight targets prune hardest, so the first target is the bound itself (often optimal on regular
-    topologies). Each search may take half the time left; after one runs out, the next targets go
-    below and above the targets that ran out, in turn.
+    topologies). A search may take 1/16 of ``time_limit``, twice that after each search that ran out
+    (at most half the time left); after one runs out, the next targets go below and above the targets
+    that ran out, in turn.
     After ``time_limit`` seconds the best mapping so far comes back with the proven bound and gap.
     ``workers`` > 1 runs that many targets at once, evenly dividing the interval, in parallel processes
     (Parmesan's enhancement); the answer is the same.
@@ -596,7 +597,8 @@ def solve_mapping(problem: MappingProblem, *, instantiation: str = AUTO, time_li
     low = _assignment_bound(_device_bounds(problem, mode, tables), problem.num_replicas)
     best, high, heuristic = _upper_bound(problem, mode, rng, num_random)
     state = _Bisection(low=low, high=high, best=best, heuristic=heuristic,
-                       candidates=_candidate_times(tables, mode, low, high) if high > low else None)
+                       candidates=_candidate_times(tables, mode, low, high) if high > low else None,
+                       first_share=time_limit / 16)
     pool = concurrent.futures.ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
     try:
         while not state.proven():
@@ -646,8 +648,9 @@ class _Bisection:
     """
 
     def __init__(self, *, low: float, high: float, best: np.ndarray, heuristic: str,
-                 candidates: np.ndarray | None) -> None:
+                 candidates: np.ndarray | None, first_share: float) -> None:
         self.low, self.high, self.best, self.heuristic = low, high, best, heuristic
+        self.first_share = first_share  # seconds a search may take before any has run out of time
         self.candidates = candidates
         self.low_is_strict = False  # the optimum exceeds low (not only reaches it)
         self.timed_out: list[float] = []  # targets whose search ran out of time
@@ -669,10 +672,12 @@ class _Bisection:
 
     def next_targets(self, count: int, left: float) -> tuple[list[float], float]:
         """The targets of the next round and the seconds each search may take."""
+        # A search may take first_share, doubled for every search that ran out so far, at most half of
+        # what is left (all of it for a round of parallel searches).
+        share = min(self.first_share * 2 ** len(self.timed_out), 0.5 * left if count == 1 else left)
         if not self.probed:
             self.probed = True
-            return [self.low], 0.5 * left
-        share = 0.5 * left if count == 1 else left
+            return [self.low], share
         unknown = [t for t in self.timed_out if self.low < t < self.high]
         regions = [(self.low, self.high)]
         if unknown:  # below the lowest and above the highest timed-out target, in turn
