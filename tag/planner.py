@@ -56,6 +56,7 @@ class PlanConfig:
     c_puct: float = DEFAULT_C_PUCT  # exploration constant c of TAG §4.2.2
     order: str = "impact"  # tree level order (tag.search.group_order); TAG's is "compute"
     fills: tuple[str, ...] = ("first", "root")  # MCTS runs once per default fill, the budget split among them
+    batch_split: str = "even"  # of searched strategies: "even" (the paper) or "speed" (batch ∝ device speed)
     granularity: str = "group"  # task granularity of every compiled plan ("group": the search's fast path)
     seed: int = 0  # METIS and search tie-breaking
 
@@ -163,7 +164,8 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
         share = None if iterations is None else iterations // len(fills) + (k < iterations % len(fills))
         if share == 0:
             continue
-        env = PlacementEnv(group_graph, cluster, granularity=config.granularity, order=config.order, fill=fill)
+        env = PlacementEnv(group_graph, cluster, granularity=config.granularity, order=config.order, fill=fill,
+                           batch_split=config.batch_split, graded_oom=True)
         report = _offset_progress(progress, searches, iterations, seconds)
         if config.search == "mcts":
             searches.append(mcts_search(env, evaluator, batch_evaluator=batch_evaluator, batch_size=batch_size,

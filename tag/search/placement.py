@@ -77,6 +77,7 @@ class Simulated(NamedTuple):
     feasible: bool
     oom_device: int  # -1 when feasible
     feedback: Feedback | None
+    overflow: float = 0.0  # max over devices of peak memory / capacity − 1; 0 when feasible
 
 
 def placement_candidates(cluster: Cluster, *, max_device_groups: int = DEFAULT_MAX_DEVICE_GROUPS
@@ -103,12 +104,13 @@ class PlacementEnv:
     def __init__(self, group_graph: GroupGraph, cluster: Cluster, *,
                  candidates: tuple[np.ndarray, np.ndarray] | None = None, cost: CostModel | None = None,
                  granularity: str = "group", batch_split: str = "even", keep_feedback: bool = True,
-                 order: str = "compute", fill: str = "first") -> None:
+                 order: str = "compute", fill: str = "first", graded_oom: bool = False) -> None:
         if order not in ORDERS:
             raise SearchError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if fill not in FILLS:
             raise SearchError(f"fill must be one of {', '.join(FILLS)}, got {fill!r}")
         self.fill = fill
+        self.graded_oom = graded_oom
         self.group_graph = group_graph
         self.cluster = cluster
         self.cost = cost
@@ -217,20 +219,25 @@ class PlacementEnv:
             return hit
         result = evaluate_strategy(self.group_graph, strategy, self.cluster, cost=self.cost,
                                    granularity=self.granularity, feedback=self.keep_feedback)
-        simulated = Simulated(result.iteration_time, result.feasible, result.oom_device, result.feedback)
+        overflow = 0.0 if result.feasible else float(np.max(result.peak_memory / result.memory_capacity)) - 1.0
+        simulated = Simulated(result.iteration_time, result.feasible, result.oom_device, result.feedback, overflow)
         self._cache[strategy] = simulated
         self.num_simulations += 1
         self.num_oom += not result.feasible
         return simulated
 
-    def reward(self, time_s: float, feasible: bool) -> float:
-        """t_ref / t − 1 when the plan fits, −1 on OOM (module docstring)."""
+    def reward(self, time_s: float, feasible: bool, overflow: float = 0.0) -> float:
+        """t_ref / t − 1 when the plan fits, −1 on OOM (module docstring). With ``graded_oom``, an OOM plan
+        scores −1 − min(1, overflow) instead, overflow being how far the fullest device is over its memory
+        (0.25: 25% over), so that when nothing simulated fits yet the search moves toward plans that nearly
+        do; feasible plans still always score above OOM ones."""
         if not feasible:
-            return OOM_REWARD
+            return OOM_REWARD - min(1.0, overflow) if self.graded_oom else OOM_REWARD
         return self.reference_time / time_s - 1.0 if time_s > 0 else np.inf
 
     def score(self, strategy: Strategy) -> LeafEvaluation:
         """``strategy`` simulated (cached) and scored."""
         simulated = self.simulate(strategy)
-        return LeafEvaluation(self.reward(simulated.time, simulated.feasible), strategy, simulated.time,
+        return LeafEvaluation(self.reward(simulated.time, simulated.feasible, simulated.overflow), strategy,
+                              simulated.time,
                               simulated.feasible)
