@@ -44,16 +44,6 @@ def _print_json(payload: Any) -> None:
     sys.stdout.write(text + "\n")
 
 
-def _batch_size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= value <= 2**31:
-        raise argparse.ArgumentTypeError(f"must be in 1..2^31, got {value}")
-    return value
-
-
 def _output_path(text: str, *, flag: str = "--out", suffixes: tuple[str, ...] = (".json", ".json.gz"),
                  what: str = "graph file") -> Path:
     """Checked before any long work: a file name with one of ``suffixes`` whose folder exists or can be made."""
@@ -71,14 +61,23 @@ def _output_path(text: str, *, flag: str = "--out", suffixes: tuple[str, ...] = 
     return path
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= value <= 10**9:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
-    return value
+def _int_in(low: int, high: int, shown: str):
+    """An argparse type: an integer in low..high (``shown`` says the range in messages)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be in {shown}, got {value}")
+        return value
+
+    return parse
+
+
+_batch_size = _int_in(1, 2**31, "1..2^31")
+_positive_int = _int_in(1, 10**9, "1..10^9")
+_num_groups = _int_in(1, 10_000, "1..10000")
 
 
 def _positive_seconds(text: str) -> float:
@@ -88,16 +87,6 @@ def _positive_seconds(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _num_groups(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if not 1 <= value <= 10_000:
-        raise argparse.ArgumentTypeError(f"must be in 1..10000, got {value}")
     return value
 
 
