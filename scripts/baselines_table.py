@@ -18,9 +18,8 @@ from rich.progress import Progress
 from tag.baselines import BASELINES, baselines_table, run_baselines
 from tag.cluster import resolve_cluster
 from tag.graph.resolve import resolve_model
+from tag.planner import TAG_CLUSTERS, TAG_MODELS
 
-TAG_MODELS = ("inception-v3", "resnet101", "vgg19", "transformer", "bert-small", "bert-large")
-CLUSTERS = ("tag-testbed", "tag-cloud")
 
 
 def cell(row: dict) -> str:
@@ -31,7 +30,7 @@ def cell(row: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(TAG_MODELS))
-    parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
+    parser.add_argument("--clusters", nargs="+", default=list(TAG_CLUSTERS))
     parser.add_argument("--num-groups", type=int, default=60)
     args = parser.parse_args()
     names = tuple(BASELINES)

@@ -19,23 +19,8 @@ from rich.progress import Progress
 
 from tag.cluster import resolve_cluster
 from tag.graph.resolve import resolve_model
-from tag.planner import PlanConfig, plan_training
+from tag.planner import TAG_CLUSTERS, TAG_MODELS, PlanConfig, load_priors, plan_training
 
-TAG_MODELS = ("inception-v3", "resnet101", "vgg19", "transformer", "bert-small", "bert-large")
-CLUSTERS = ("tag-testbed", "tag-cloud")
-
-
-def evaluator_from(path: str | None):
-    if path is None:
-        from tag.search import uniform_evaluator
-
-        return uniform_evaluator, "uniform"
-    import torch
-
-    from tag.policy import GNNEvaluator, load_policy
-
-    torch.set_num_threads(1)
-    return GNNEvaluator(load_policy(path).model), path
 
 
 def run(model: str, cluster_name: str, args, evaluator) -> dict:
@@ -72,13 +57,14 @@ def ratio(value) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=list(TAG_MODELS))
-    parser.add_argument("--clusters", nargs="+", default=list(CLUSTERS))
+    parser.add_argument("--clusters", nargs="+", default=list(TAG_CLUSTERS))
     parser.add_argument("--budget", type=int, default=600, help="MCTS iterations per plan (default 600, as tag plan)")
     parser.add_argument("--num-groups", type=int, default=60)
     parser.add_argument("--policy", help="GNN checkpoint for the priors (default: uniform, pure MCTS)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
-    evaluator, priors = evaluator_from(args.policy)
+    priors = load_priors(args.policy)
+    evaluator = priors.evaluator
     rows = []
     with Progress(transient=True) as progress:
         task = progress.add_task("planning", total=len(args.models) * len(args.clusters))
@@ -87,7 +73,7 @@ def main() -> None:
                 progress.update(task, description=f"{model} on {cluster_name}")
                 rows.append(run(model, cluster_name, args, evaluator))
                 progress.advance(task)
-    print(f"priors: {priors}; {args.budget} MCTS iterations; MCMC with the same number of simulations\n")
+    print(f"priors: {priors.label}; {args.budget} MCTS iterations; MCMC with the same number of simulations\n")
     print("| cluster | model | tag iteration | vs DP-NCCL | vs DP-NCCL-P | vs Horovod | vs MCMC | search alone vs DP-NCCL "
           "| search alone vs MCMC's | search (s) | MCMC (s) |")
     print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
@@ -98,7 +84,7 @@ def main() -> None:
               f"{ratio(r['search_speedup_over_dp_nccl'])} | {ratio(r['search_speedup_over_mcmc_search'])} | "
               f"{r['search_time_s']:.1f} | "
               f"{r['mcmc_search_time_s']:.1f} |")
-    print(json.dumps({"benchmark": "plan", "priors": priors, "budget": args.budget, "rows": rows}))
+    print(json.dumps({"benchmark": "plan", "priors": priors.label, "budget": args.budget, "rows": rows}))
 
 
 if __name__ == "__main__":

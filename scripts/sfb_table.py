@@ -39,12 +39,11 @@ from tag.compiler import compile_strategy
 from tag.graph.io import load_graph
 from tag.graph.resolve import prebuilt_path, resolve_model
 from tag.grouping import DEFAULT_NUM_GROUPS
-from tag.planner import PlanConfig, plan_training
+from tag.planner import TAG_MODELS, PlanConfig, plan_training
 from tag.sfb import SFBCache, select_sfb
 from tag.strategy import OPTIONS, Strategy
 from tag.units import parse_bandwidth
 
-TABLE5_MODELS = ("inception-v3", "resnet101", "vgg19", "transformer", "bert-small", "bert-large")
 
 
 def simulate(group_graph, strategy, cluster) -> float:
@@ -115,7 +114,7 @@ def print_table(rows: list[dict], network: str) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(TABLE5_MODELS))
+    parser.add_argument("--models", nargs="+", default=list(TAG_MODELS))
     parser.add_argument("--network", default="10Gbps", help="bandwidth between the two machines (default 10Gbps)")
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--groups", type=int, default=DEFAULT_NUM_GROUPS, help="op groups (METIS)")

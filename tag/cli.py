@@ -393,22 +393,6 @@ def cmd_baselines(args: argparse.Namespace) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ plan
-def _evaluator(args: argparse.Namespace):
-    """(evaluator, batch evaluator, label): the GNN of --policy, or uniform priors ("pure MCTS")."""
-    from tag.search import uniform_evaluator
-
-    if not args.policy:
-        return uniform_evaluator, None, "uniform priors (pure MCTS)"
-    import torch
-
-    from tag.policy import GNNEvaluator, load_policy
-
-    torch.set_num_threads(1)  # one small forward per vertex: threads only add contention
-    checkpoint = load_policy(args.policy)
-    evaluator = GNNEvaluator(checkpoint.model)
-    return evaluator, evaluator.batch, f"GNN policy {args.policy} (step {checkpoint.step})"
-
-
 def _search_progress(enabled: bool):
     """A rich progress bar on stderr with the best speed-up so far; a no-op context when disabled."""
     import contextlib
@@ -439,7 +423,7 @@ def _progress_callback(bar, description: str):
 def cmd_plan(args: argparse.Namespace) -> dict:
     from tag.cluster import resolve_cluster
     from tag.graph.resolve import resolve_model
-    from tag.planner import PlanConfig, plan_training
+    from tag.planner import PlanConfig, load_priors, plan_training
     from tag.strategy import make_plan, save_plan
 
     if args.out:
@@ -447,7 +431,7 @@ def cmd_plan(args: argparse.Namespace) -> dict:
     _check_view_paths(args)
     cluster = resolve_cluster(args.cluster)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
-    evaluator, batch_evaluator, priors = _evaluator(args)
+    evaluator, batch_evaluator, priors = load_priors(args.policy)
     config = PlanConfig(num_groups=args.num_groups, max_iterations=args.budget, time_limit_s=args.time,
                         search=args.search, sfb=not args.no_sfb, seed=args.seed)
     with _search_progress(sys.stderr.isatty()) as bar:
@@ -562,11 +546,9 @@ def build_parser() -> argparse.ArgumentParser:
     priors.add_argument("--uniform", action="store_true", help="uniform priors: pure MCTS (the default for now)")
     p.add_argument("--search", choices=("mcts", "mcmc"), default="mcts", help="search method (default mcts)")
     p.add_argument("--no-sfb", action="store_true", help="skip sufficient-factor broadcasting")
-    p.add_argument("--num-groups", type=_num_groups, default=60, help="METIS op groups (default 60, as TAG)")
-    p.add_argument("--seed", type=int, default=0, help="METIS and search seed")
+    _add_grouping(p, seed_help="METIS and search seed")
     p.add_argument("--out", metavar="PLAN.json", help="write the plan file (for `tag simulate --strategy`)")
-    p.add_argument("--trace", metavar="T.json", help="write a Chrome trace of the planned iteration")
-    p.add_argument("--gantt", metavar="G.png", help="draw a Gantt chart of the planned iteration")
+    _add_views(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_plan)
 
@@ -577,8 +559,7 @@ def build_parser() -> argparse.ArgumentParser:
     what.add_argument("--strategy", metavar="PLAN.json", help="a plan file (from `tag plan --out`)")
     what.add_argument("--baseline", choices=_baseline_names(), help="a baseline strategy")
     _add_simulation(p)
-    p.add_argument("--trace", metavar="T.json", help="write a Chrome trace (chrome://tracing, Perfetto)")
-    p.add_argument("--gantt", metavar="G.png", help="draw a Gantt chart")
+    _add_views(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_simulate)
 
@@ -602,11 +583,20 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--cluster", required=True, help="preset NAME[:ARGS] or a YAML/JSON spec file (`tag clusters`)")
 
 
-def _add_simulation(parser: argparse.ArgumentParser) -> None:
+def _add_grouping(parser: argparse.ArgumentParser, *, seed_help: str = "METIS seed") -> None:
     parser.add_argument("--num-groups", type=_num_groups, default=60, help="METIS op groups (default 60, as TAG)")
+    parser.add_argument("--seed", type=int, default=0, help=seed_help)
+
+
+def _add_simulation(parser: argparse.ArgumentParser) -> None:
+    _add_grouping(parser)
     parser.add_argument("--granularity", choices=("op", "group", "part"), default="group",
                         help="task granularity of the compiled plan (op: the exact reference; default group)")
-    parser.add_argument("--seed", type=int, default=0, help="METIS seed")
+
+
+def _add_views(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--trace", metavar="T.json", help="write a Chrome trace (chrome://tracing, Perfetto)")
+    parser.add_argument("--gantt", metavar="G.png", help="draw a Gantt chart of the simulated iteration")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

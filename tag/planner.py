@@ -36,11 +36,36 @@ from tag.sfb import SFBCache, SFBSelection, select_sfb
 from tag.sim import SimulationResult
 from tag.strategy import OPTIONS, Strategy
 
-__all__ = ["PlanConfig", "PlanOutcome", "plan_training", "DEFAULT_ITERATIONS", "COMPARED_BASELINES", "SEARCHES"]
+__all__ = ["PlanConfig", "PlanOutcome", "Priors", "plan_training", "load_priors", "DEFAULT_ITERATIONS",
+           "COMPARED_BASELINES", "SEARCHES", "TAG_MODELS", "TAG_CLUSTERS"]
 
 DEFAULT_ITERATIONS = 600  # MCTS iterations when neither an iteration nor a time budget is given
 COMPARED_BASELINES = ("dp-nccl", "dp-nccl-p", "horovod")  # the speed-ups `tag plan` reports (TAG Table 8)
 SEARCHES = ("mcts", "mcmc")
+TAG_MODELS = ("inception-v3", "resnet101", "vgg19", "transformer", "bert-small", "bert-large")  # TAG §5.1
+TAG_CLUSTERS = ("tag-testbed", "tag-cloud")  # TAG §5.1's testbed and cloud
+
+
+class Priors(NamedTuple):
+    """Where the search's priors come from."""
+
+    evaluator: Evaluator
+    batch_evaluator: BatchEvaluator | None
+    label: str  # for reports: "uniform priors (pure MCTS)" or the checkpoint
+
+
+def load_priors(checkpoint: str | None) -> Priors:
+    """The GNN policy of ``checkpoint`` (torch imported only then), or uniform priors ("pure MCTS") for None."""
+    if not checkpoint:
+        return Priors(uniform_evaluator, None, "uniform priors (pure MCTS)")
+    import torch
+
+    from tag.policy import GNNEvaluator, load_policy
+
+    torch.set_num_threads(1)  # one small forward per vertex: threads only add contention
+    loaded = load_policy(checkpoint)
+    evaluator = GNNEvaluator(loaded.model)
+    return Priors(evaluator, evaluator.batch, f"GNN policy {checkpoint} (step {loaded.step})")
 
 
 @dataclass(frozen=True)
@@ -100,17 +125,19 @@ class PlanOutcome(NamedTuple):
         members = [np.flatnonzero(cluster.device_group == m) for m in range(cluster.num_device_groups)]
         makespan = self.result.feedback.group_makespan if self.result.feedback is not None else None
         compute = gg.compute_table(cluster)  # [G, T] seconds per GPU type of the cluster, whole batch
+        sizes = gg.group_sizes()  # [G]
+        with_sfb = {s.group for s in self.sfb.plan.groups} if self.sfb is not None else set()
         rows = []
         for g in gg.order_by_compute().tolist():
             placed = np.flatnonzero(strategy.placement[g])
             devices = np.concatenate([members[m] for m in placed])
             rows.append({
-                "group": g, "ops": int(gg.group_sizes()[g]), "device_groups": placed.tolist(),
+                "group": g, "ops": int(sizes[g]), "device_groups": placed.tolist(),
                 "devices": devices.tolist(), "option": OPTIONS[int(strategy.option[g])],
                 "compute_s": float(compute[g, cluster.device_type[devices]].min()),
                 "param_bytes": float(gg.param_bytes[g]),
                 "makespan_s": float(makespan[g]) if makespan is not None else None,
-                "sfb": bool(self.sfb is not None and any(s.group == g for s in self.sfb.plan.groups)),
+                "sfb": g in with_sfb,
             })
         return rows
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from tag.cluster import Cluster
-from tag.compiler import CompiledPlan, compile_strategy
+from tag.compiler import compile_strategy
 from tag.cost import CostModel
 from tag.grouping import GroupGraph
 from tag.sfb.plan import SFBPlan, SFBReport, apply_sfb
@@ -58,7 +58,7 @@ def select_sfb(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *,
         nonlocal simulations
         simulations += 1
         graph = group_graph if plan is None or not plan.groups else plan.rewritten_group_graph()
-        result = _compile(graph, strategy, cluster, cost, granularity).simulate(feedback=False)
+        result = compile_strategy(graph, strategy, cluster, cost=cost, granularity=granularity).simulate(feedback=False)
         return result.iteration_time if result.feasible else float("inf")
 
     base = simulate(None) if time_without_s is None else time_without_s
@@ -76,7 +76,3 @@ def select_sfb(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *,
                 kept, kept_time = trial, elapsed
     return SFBSelection(kept, full.report(), base, whole, kept_time, simulations)
 
-
-def _compile(graph: GroupGraph, strategy: Strategy, cluster: Cluster, cost: CostModel | None,
-             granularity: str) -> CompiledPlan:
-    return compile_strategy(graph, strategy, cluster, cost=cost, granularity=granularity)
