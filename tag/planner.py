@@ -5,6 +5,10 @@ MCMC baseline) scores each candidate by simulation against DP-NCCL; SFB (:func:`
 applied to the best strategy afterwards and kept only where the simulator says it helps; the final plan is
 compiled with and without Horovod-style gradient fusion, and the faster simulated with feedback for the
 report. Every figure in the outcome is simulated.
+
+When DP-NCCL does not fit, no data-parallel plan can start the search: the searches then use the
+``oom_fills``, first the "staged" fill (:mod:`tag.search.staged`: contiguous layer runs on device groups,
+built to fit memory), whose plan also joins the final pass.
 """
 
 from __future__ import annotations
@@ -81,6 +85,8 @@ class PlanConfig:
     c_puct: float = DEFAULT_C_PUCT  # exploration constant c of TAG §4.2.2
     order: str = "impact"  # tree level order (tag.search.group_order); TAG's is "compute"
     fills: tuple[str, ...] = ("first", "root")  # MCTS runs once per default fill, the budget split among them
+    # the fills when DP-NCCL does not fit: DP-NCCL's own fill would only ever give OOM plans
+    oom_fills: tuple[str, ...] = ("staged", "first")
     batch_split: str = "even"  # of searched strategies: "even" (the paper) or "speed" (batch ∝ device speed)
     granularity: str = "group"  # task granularity of every compiled plan ("group": the search's fast path)
     seed: int = 0  # METIS and search tie-breaking
@@ -105,17 +111,18 @@ class PlanOutcome(NamedTuple):
     sfb: SFBSelection | None  # None with sfb=False
     timings: dict[str, float]  # seconds per phase: grouping, baselines, search, sfb, final
     fusion_bytes: float | None = None  # gradient fusion bucket size of the final plan; None: no fusion
-    origin: str = "search"  # where the final strategy came from: "search", or the baseline that beat it
+    origin: str = "search"  # where the final strategy came from: "search", the baseline that beat it, or "staged"
 
     @property
     def iteration_time_s(self) -> float:
         return float(self.result.iteration_time)
 
     def speedup_over(self) -> dict[str, float | None]:
-        """Baseline time / plan time per compared baseline (None where the plan does not fit)."""
+        """Baseline time / plan time per compared baseline; None where the plan or the baseline does not fit
+        (an OOM baseline's time is what it would take with unlimited memory: no run to compare with)."""
         out = {}
         for key, baseline in zip(COMPARED_BASELINES, self.baselines):
-            ok = self.result.feasible and self.result.iteration_time > 0
+            ok = self.result.feasible and self.result.iteration_time > 0 and not baseline.oom
             out[key] = baseline.iteration_time_s / self.result.iteration_time if ok else None
         return out
 
@@ -173,8 +180,8 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
                   batch_size: int = 1, progress: ProgressCallback | None = None) -> PlanOutcome:
     """Plan ``graph`` on ``cluster`` (module docstring). ``evaluator``: priors for MCTS (uniform: "pure
     MCTS"; a :class:`tag.policy.GNNEvaluator` for TAG). ``progress`` is called after every search iteration."""
-    if not config.fills:
-        raise ValueError("fills must name at least one default fill")
+    if not config.fills or not config.oom_fills:
+        raise ValueError("fills and oom_fills must each name at least one default fill")
     if config.search not in SEARCHES:
         raise ValueError(f"search must be one of {', '.join(SEARCHES)}, got {config.search!r}")
     timings: dict[str, float] = {}
@@ -185,14 +192,17 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
     baselines = run_baselines(group_graph, cluster, names=COMPARED_BASELINES, granularity=config.granularity)
     timings["baselines"] = _lap(clock)
     iterations, seconds = config.budget()
-    fills = config.fills if config.search == "mcts" else config.fills[:1]
-    searches = []
+    fills = config.oom_fills if baselines[0].oom else config.fills
+    fills = fills if config.search == "mcts" else fills[:1]
+    searches, seeds = [], []
     for k, fill in enumerate(fills):  # the budget split evenly over the fills, the remainder to the first
         share = None if iterations is None else iterations // len(fills) + (k < iterations % len(fills))
         if share == 0:
             continue
         env = PlacementEnv(group_graph, cluster, granularity=config.granularity, order=config.order, fill=fill,
                            batch_split=config.batch_split, graded_oom=True)
+        if fill == "staged":
+            seeds.append(env.strategy(env.root()))
         report = _offset_progress(progress, searches, iterations, seconds)
         if config.search == "mcts":
             searches.append(mcts_search(env, evaluator, batch_evaluator=batch_evaluator, batch_size=batch_size,
@@ -211,6 +221,7 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
     for name, baseline in zip(COMPARED_BASELINES[:2], baselines):  # DP-NCCL (fused: Horovod) and DP-NCCL-P
         if baseline.strategy is not None and baseline.strategy != search.best:
             starts.append((baseline.strategy, baseline.iteration_time_s if not baseline.oom else float("inf"), name))
+    starts += [(seed, float("inf"), "staged") for seed in seeds if seed != search.best]
     cache = SFBCache()
     finished = None
     sfb_s = final_s = 0.0

@@ -8,7 +8,10 @@ options [A]).
 **Default fill** (TAG footnote 2). A state is scored as a complete strategy: undecided groups take the
 strategy of the most expensive decided group, which is the first decided; at the root, where nothing is
 decided, every group takes DP-NCCL's (every device group, all-reduce). The root's plan is therefore
-DP-NCCL itself.
+DP-NCCL itself. Two variants: fill ``"root"`` gives every undecided group its DP-NCCL strategy at every
+depth, and fill ``"staged"`` its strategy in :func:`tag.search.staged.staged_strategy`, a plan of
+contiguous layer runs on device groups built to fit memory (DP-NCCL when none is found), for models
+whose data-parallel plans do not fit.
 
 **Reward.** ``t_ref / t − 1`` for a plan that fits, t its simulated iteration time; ``−1`` on OOM. So
 DP-NCCL scores 0, a plan twice as fast 1, and an OOM plan what an infinitely slow one would tend to:
@@ -36,6 +39,7 @@ from tag.grouping import GroupGraph
 from tag.search.base import PlacementState
 from tag.search.env import LeafEvaluation
 from tag.search.errors import SearchError
+from tag.search.staged import staged_strategy
 from tag.sim.result import Feedback
 from tag.strategy import ALLREDUCE, DEFAULT_MAX_DEVICE_GROUPS, Strategy, candidate_actions, restricted_actions
 from tag.strategy.strategy import device_group_sizes
@@ -50,7 +54,8 @@ SINGLE_DEVICE_COMPUTE = "single-device compute"
 Placement = tuple[int, ...]  # a state: the action index chosen for order[0], order[1], ...
 
 ORDERS = ("compute", "impact")  # level order: TAG's descending compute, or compute + gradient sync estimate
-FILLS = ("first", "root")  # undecided groups: the first decided group's strategy (TAG), or DP-NCCL's
+FILLS = ("first", "root", "staged")  # undecided groups: the first decided group's strategy (TAG), DP-NCCL's,
+# or that of a memory-fitting plan of layer runs on device groups (tag.search.staged)
 
 
 def group_order(group_graph: GroupGraph, cluster: Cluster, order: str = "compute") -> np.ndarray:
@@ -129,6 +134,9 @@ class PlacementEnv:
         self._cache: dict[Strategy, Simulated] = {}
         self.dp_nccl = Strategy.data_parallel(self.num_groups, cluster, option=ALLREDUCE)
         self._root_fill = Strategy.data_parallel(self.num_groups, cluster, option=ALLREDUCE, batch_split=batch_split)
+        if fill == "staged":
+            staged = staged_strategy(group_graph, cluster, cost=cost, granularity=granularity, batch_split=batch_split)
+            self._root_fill = staged if staged is not None else self._root_fill
         dp = self.simulate(self.dp_nccl)
         if dp.feasible:
             self.reference_time, self.reference_name = dp.time, DP_NCCL
