@@ -31,6 +31,7 @@ from tag.search.placement import (
     Simulated,
     placement_candidates,
 )
+from tag.search.mapping_env import MappingEnv, MappingObservation, uniform_mapping_evaluator
 from tag.search.staged import layer_positions, staged_strategy
 from tag.search.result import HistoryPoint, ProgressCallback, SearchProgress, SearchResult, TrainingTarget
 from tag.search.tree import NO_PARENT, ROOT, UNEXPANDED, UNVISITED, Tree
@@ -41,6 +42,7 @@ __all__ = [
     # environments
     "SearchEnv", "LeafEvaluation", "PlacementEnv", "Placement", "Simulated", "placement_candidates",
     "OOM_REWARD", "DP_NCCL", "SINGLE_DEVICE_COMPUTE", "staged_strategy", "layer_positions",
+    "MappingEnv", "MappingObservation", "uniform_mapping_evaluator",
     # MCTS
     "mcts_search", "puct_scores", "select_action", "select", "evaluate", "expand", "backup", "visit_targets",
     "DEFAULT_C_PUCT", "DEFAULT_FPU_REDUCTION", "DEFAULT_TARGET_VISITS",
