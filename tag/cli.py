@@ -293,6 +293,42 @@ def _simulation_payload(result, taskgraph, cluster, batch_size: int) -> dict:
     }
 
 
+def _plan_kind(path: str) -> str | None:
+    from tag.strategy import plan_kind
+
+    return plan_kind(path)
+
+
+def _simulate_pipeline_plan(args: argparse.Namespace, graph, cluster) -> dict:
+    """`tag simulate --strategy` of a pipeline plan file (kind "pipeline", from `tag pipeline --out`)."""
+    from tag.exact import replay_pipeline
+    from tag.strategy import load_pipeline_plan
+    from tag.units import format_time
+
+    record = load_pipeline_plan(args.strategy, graph=graph, cluster=cluster)
+    plan = replay_pipeline(graph, cluster, forward_assignment=record.forward_assignment, replicas=record.replicas,
+                           micro_batches=record.micro_batches, mapping=record.mapping, schedule=record.schedule,
+                           reference_gpu=record.reference_gpu, partitioner=record.partitioner)
+    label = f"pipeline plan {args.strategy}"
+    payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "what": label,
+               "kind": "pipeline", "stages": plan.num_stages, "replicas": list(record.replicas),
+               "micro_batches": record.micro_batches, "schedule": record.schedule,
+               "mapping": [list(row) for row in record.mapping], "max_stage_time_s": plan.max_stage_time,
+               **_simulation_payload(plan.result, plan.taskgraph, cluster, graph.batch_size)}
+    payload["files"] = _write_views(args, plan.result, plan.taskgraph, f"{payload['model']} on {cluster.name}: {label}")
+    if args.json:
+        return payload
+    state = "[green]fits[/]" if plan.result.feasible else f"[red]OOM on device {plan.result.oom_device}[/]"
+    console = _console()
+    console.print(f"{payload['model']} on {cluster.name}, {label}: {plan.num_stages} stages x {list(record.replicas)} "
+                  f"replicas, {record.micro_batches} micro-batches ({record.schedule}): iteration "
+                  f"{format_time(plan.iteration_time)}, {payload['samples_per_s']:.1f} samples/s, {state} "
+                  f"({payload['tasks']:,} tasks)")
+    for kind, path in payload["files"].items():
+        console.print(f"wrote {kind}: {path}")
+    return payload
+
+
 def cmd_simulate(args: argparse.Namespace) -> dict:
     from tag.cluster import resolve_cluster
     from tag.graph.resolve import resolve_model
@@ -303,6 +339,8 @@ def cmd_simulate(args: argparse.Namespace) -> dict:
     _check_view_paths(args)
     cluster = resolve_cluster(args.cluster)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
+    if args.strategy is not None and _plan_kind(args.strategy) == "pipeline":
+        return _simulate_pipeline_plan(args, graph, cluster)
     if args.strategy is not None:
         from tag.compiler import compile_strategy
         from tag.strategy import load_plan
@@ -503,6 +541,115 @@ def _print_plan(payload: dict, cluster) -> None:
         console.print(f"wrote {kind}: {path}")
 
 
+# -------------------------------------------------------------------------------------------- pipeline
+def cmd_pipeline(args: argparse.Namespace) -> dict:
+    import numpy as np
+
+    from tag.cluster import resolve_cluster
+    from tag.exact import make_mapper, mapped_stage_times, plan_pipeline
+    from tag.graph.resolve import resolve_model
+
+    if args.out:
+        _output_path(args.out, flag="--out", suffixes=(".json",), what="plan file")
+    _check_view_paths(args)
+    cluster = resolve_cluster(args.cluster)
+    graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
+    mapper = make_mapper(args.mapper, time_limit=args.time_limit)
+    with _status(sys.stderr.isatty() and not args.json, f"planning a pipeline of {graph.meta.get('model', args.model)}"):
+        plan = plan_pipeline(graph, cluster, stages=args.stages, replicas=args.replicas, auto=args.auto,
+                             partitioner=args.partitioner, mapper=mapper, micro_batches=args.micro_batches,
+                             schedule=args.schedule, seed=args.seed)
+    sg = plan.stage_graph
+    per_stage, _ = mapped_stage_times(sg, cluster, plan.mapping, plan.instantiation)
+    ops = np.bincount(sg.assignment if sg.assignment.size else sg.forward_assignment, minlength=sg.num_stages)
+    payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "devices": cluster.num_devices,
+               "batch_size": graph.batch_size, "mapper": args.mapper, **plan.as_dict()}
+    payload["samples_per_s"] = graph.batch_size / plan.iteration_time if plan.iteration_time > 0 else None
+    payload["stage_rows"] = [
+        {"stage": s, "ops": int(ops[s]), "compute_per_micro_batch_s": float(sg.stage_time[s]),
+         "time_per_iteration_s": None if per_stage is None else float(per_stage[s]),
+         "param_bytes": float(sg.param_bytes[s]), "devices": plan.mapping[s]}
+        for s in range(sg.num_stages)]
+    if args.out:
+        _save_pipeline_plan(args, plan, graph, cluster, payload)
+    files = _write_views(args, plan.result, plan.taskgraph,
+                         f"{payload['model']} on {cluster.name}: pipeline {sg.num_stages} stages")
+    payload["files"] = {**({"plan": args.out} if args.out else {}), **files}
+    if not args.json:
+        _print_pipeline(payload)
+    return payload
+
+
+def _status(enabled: bool, message: str):
+    """A spinner on stderr while a long step runs; a no-op context when disabled."""
+    import contextlib
+
+    if not enabled:
+        return contextlib.nullcontext(None)
+    from rich.console import Console
+
+    return Console(stderr=True).status(message)
+
+
+def _save_pipeline_plan(args: argparse.Namespace, plan, graph, cluster, payload: dict) -> None:
+    from tag.strategy import make_pipeline_plan, save_pipeline_plan
+
+    sg = plan.stage_graph
+    summary = {k: v for k, v in payload.items() if k not in ("stage_rows", "mapping", "files")}
+    record = make_pipeline_plan(graph, cluster, partitioner=plan.partitioner, schedule=plan.schedule,
+                                micro_batches=sg.micro_batches, replicas=sg.replicas.tolist(),
+                                reference_gpu=sg.gpu_types[sg.reference_type].name,
+                                forward_assignment=sg.forward_assignment, mapping=plan.mapping, summary=summary)
+    try:
+        save_pipeline_plan(record, args.out)
+    except OSError as error:
+        raise OutputError(f"--out {args.out!r}: {error.strerror or error}") from None
+
+
+def _print_pipeline(payload: dict) -> None:
+    from rich.table import Table
+
+    from tag.units import format_bytes, format_time
+
+    console = _console()
+    stages = Table(title=f"Pipeline stages ({payload['partitioner']}, {payload['micro_batches']} micro-batches, "
+                         f"{payload['schedule']})")
+    for column in ("stage", "ops", "compute / micro-batch", "stage time / iteration", "params", "devices"):
+        stages.add_column(column, justify="left" if column == "devices" else "right")
+    bottleneck = payload["max_stage_time_s"]
+    for row in payload["stage_rows"]:
+        devices = row["devices"]
+        shown = ",".join(map(str, devices)) if len(devices) <= 8 else f"{devices[0]}…{devices[-1]} ({len(devices)})"
+        per_iteration = row["time_per_iteration_s"]
+        text = "-" if per_iteration is None else format_time(per_iteration)
+        if per_iteration is not None and per_iteration == bottleneck:
+            text = f"[bold]{text}[/]"
+        stages.add_row(str(row["stage"]), f"{row['ops']:,}", format_time(row["compute_per_micro_batch_s"]), text,
+                       format_bytes(row["param_bytes"]), shown)
+    console.print(stages)
+    summary = Table(title=f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
+                          f"({payload['devices']} devices)", show_header=False)
+    summary.add_column("what")
+    summary.add_column("value", justify="right")
+    replicas = payload["replicas"]
+    summary.add_row("stages x replicas", f"{payload['stages']} x {replicas}")
+    state = "[green]fits[/]" if payload["feasible"] else "[red]OOM[/]"
+    summary.add_row("iteration time (simulated)", f"{format_time(payload['iteration_time_s'])} ({state})")
+    summary.add_row("samples/s", f"{payload['samples_per_s']:.1f}" if payload["samples_per_s"] else "-")
+    kind = f" ({payload['instantiation']})" if payload.get("instantiation") else ""
+    summary.add_row(f"max stage time / iteration{kind}", format_time(bottleneck))
+    if payload["lower_bound_s"] is not None:
+        proof = "[green]proven optimal[/]" if payload["proven_optimal"] else f"gap {100 * (payload['gap'] or 0):.1f}%"
+        summary.add_row("lower bound", f"{format_time(payload['lower_bound_s'])} ({proof})")
+    summary.add_row(f"mapper ({payload['mapper']})", format_time(payload["solve_time_s"]))
+    summary.add_row("peak memory (max device)", format_bytes(payload["peak_memory_bytes"]))
+    if payload.get("mapper_skipped"):
+        summary.add_row("mapper skipped", payload["mapper_skipped"])
+    console.print(summary)
+    for kind, path in payload["files"].items():
+        console.print(f"wrote {kind}: {path}")
+
+
 # ---------------------------------------------------------------------------------------------- parser
 def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="zoo name, graph .json(.gz), PipeDream graph.txt, or MODULE:FUNCTION")
@@ -556,7 +703,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_cluster(p)
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--strategy", metavar="PLAN.json", help="a plan file (from `tag plan --out`)")
+    what.add_argument("--strategy", metavar="PLAN.json", help="a plan file (from `tag plan --out` or `tag pipeline --out`)")
     what.add_argument("--baseline", choices=_baseline_names(), help="a baseline strategy")
     _add_simulation(p)
     _add_views(p)
@@ -570,7 +717,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", metavar="A,B", help="comma-separated subset of " + ", ".join(_baseline_names()))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_baselines)
+
+    p = sub.add_parser("pipeline", help="exact pipeline planning: partition into stages, map them onto devices, simulate")
+    _add_model(p)
+    _add_cluster(p)
+    p.add_argument("--stages", type=_positive_int, metavar="S", help="pipeline stages (with --auto: only this S)")
+    p.add_argument("--replicas", type=_positive_int, metavar="R", help="replicas per stage (with --auto: only this R)")
+    p.add_argument("--auto", action="store_true", help="search (S, R, micro-batches) by simulation (the default "
+                                                       "when neither --stages nor --replicas is given)")
+    p.add_argument("--micro-batches", type=_positive_int, metavar="M", help="micro-batches (default: searched)")
+    p.add_argument("--partitioner", choices=_pipeline_choices("PARTITIONERS"), default="parmesan",
+                   help="stage partitioner (default parmesan)")
+    p.add_argument("--mapper", choices=_pipeline_choices("MAPPERS"), default="exact",
+                   help="stage-to-device mapper (default exact: provably optimal or its gap)")
+    p.add_argument("--time-limit", type=_positive_seconds, default=60.0, metavar="S",
+                   help="seconds for the exact mapper (default 60)")
+    p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="micro-batch order (default 1f1b)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random mappings")
+    p.add_argument("--out", metavar="PLAN.json", help="write the pipeline plan (for `tag simulate --strategy`)")
+    _add_views(p)
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_pipeline)
     return parser
+
+
+def _pipeline_choices(name: str) -> tuple[str, ...]:
+    """tag.exact.PARTITIONERS or tag.exact.MAPPERS, imported only when the parser is built."""
+    import tag.exact
+
+    return tuple(getattr(tag.exact, name))
 
 
 def _baseline_names() -> list[str]:

@@ -7,7 +7,16 @@ import numpy as np
 import pytest
 
 from tag.cluster import Cluster, gpu_type, resolve_cluster
-from tag.exact.pipeline import compile_pipeline, consecutive_mapping, plan_pipeline, simulate_pipeline
+from tag.exact.mappers import make_mapper, pipeline_problem
+from tag.exact.mapping import solve_mapping
+from tag.exact.pipeline import (
+    compile_pipeline,
+    consecutive_mapping,
+    mapping_objective,
+    plan_pipeline,
+    replay_pipeline,
+    simulate_pipeline,
+)
 from tag.exact.schedules import Action, format_grid, stage_order, stage_orders, unit_time_schedule
 from tag.exact.stage_graph import PartitionError, StageGraph, inflight_micro_batches
 from tag.graph.pipedream import load_pipedream
@@ -239,3 +248,73 @@ def test_plan_errors(profiles):
         plan_pipeline(graph, cluster, stages=2, replicas=2, micro_batches=64)
     with pytest.raises(PartitionError, match="schedule must be one of"):
         plan_pipeline(graph, cluster, stages=2, schedule="zb")
+
+
+# ------------------------------------------------------------------------------------------- units
+
+
+@pytest.mark.parametrize("replicas, params, edge_bytes", [(1, 0.0, 0.0), (1, 0.0, 4e6), (2, 8e6, 0.0)])
+def test_mapper_objective_is_per_iteration_like_the_simulator(replicas, params, edge_bytes):
+    """2 stages × M = 4 micro-batches of f = 1 ms, b = 2 ms on a flat 1 GB/s cluster, by hand.
+
+    Per iteration a stage replica computes M (f + b) = 12 ms; p2p (eq. 6) adds its 2M transfers of the
+    edge's bytes, 8 n / B; all-reduce (eq. 7) adds a ring hop 2 (R−1)/R · P / B. The 1F1B iteration is
+    that plus the fill and drain, (S − 1)(f + b) = 3 ms, and (with R = 2) the last stage's all-reduce
+    P / B at the end."""
+    bandwidth, f, b, m = 1 * GB, 1e-3, 2e-3, 4
+    sg = hand_stage_graph(2, m, fwd=f, bwd=b, edge_bytes=edge_bytes, params=params, replicas=replicas)
+    cluster = flat_cluster(2 * replicas, bandwidth=bandwidth)
+    mapping = [list(range(replicas)), list(range(replicas, 2 * replicas))]
+    objective, mode = mapping_objective(sg, cluster, mapping)
+    compute = m * (f + b)
+    if replicas == 1:
+        assert mode == "p2p" and objective == pytest.approx(compute + 2 * m * edge_bytes / bandwidth)
+    else:
+        assert mode == "allreduce" and objective == pytest.approx(compute + params / bandwidth)
+    problem = pipeline_problem(sg, cluster, range(cluster.num_devices))
+    result = solve_mapping(problem, time_limit=5.0)
+    assert result.proven_optimal and result.lower_bound == pytest.approx(objective)  # all mappings equal
+    if edge_bytes == 0:
+        _, simulated = simulate_pipeline(sg, cluster, mapping)
+        fill_drain = (2 - 1) * (f + b)
+        assert simulated.iteration_time == pytest.approx(objective + fill_drain)
+
+
+@needs_profiles
+def test_plan_reports_mapper_bound_and_objective_in_one_unit(profiles):
+    plan = plan_pipeline(profiles["gnmt"], resolve_cluster("two-level"), stages=2, replicas=4, micro_batches=4,
+                         mapper=make_mapper("exact", time_limit=5.0), alphas=(1.0,))
+    summary = plan.as_dict()
+    assert summary["lower_bound_s"] <= summary["max_stage_time_s"] < summary["iteration_time_s"]
+    assert summary["max_stage_time_s"] == pytest.approx(mapping_objective(plan.stage_graph, resolve_cluster("two-level"),
+                                                                          plan.mapping)[0])
+    # Without a mapper the objective is still evaluated per iteration on the consecutive placement.
+    consecutive = plan_pipeline(profiles["gnmt"], resolve_cluster("two-level"), stages=2, replicas=4,
+                                micro_batches=4, alphas=(1.0,)).as_dict()
+    assert consecutive["max_stage_time_s"] >= summary["max_stage_time_s"] * (1 - 1e-12)
+
+
+@needs_profiles
+@pytest.mark.parametrize("name", ["cs", "p2p", "random"])
+def test_heuristic_mappers_report_the_assignment_bound(profiles, name):
+    plan = plan_pipeline(profiles["gnmt"], resolve_cluster("two-level"), stages=2, replicas=4, micro_batches=4,
+                         mapper=make_mapper(name), alphas=(1.0,), devices=range(2, 14))
+    summary = plan.as_dict()
+    assert all(2 <= d < 14 for row in plan.mapping for d in row)
+    assert summary["lower_bound_s"] <= summary["max_stage_time_s"]
+    assert summary["gap"] == pytest.approx(1 - summary["lower_bound_s"] / summary["max_stage_time_s"])
+
+
+@needs_profiles
+def test_replay_rebuilds_the_plan(profiles):
+    cluster = resolve_cluster("two-level")
+    plan = plan_pipeline(profiles["gnmt"], cluster, stages=4, replicas=2, micro_batches=4,
+                         mapper=make_mapper("exact", time_limit=5.0), alphas=(1.0,))
+    sg = plan.stage_graph
+    again = replay_pipeline(profiles["gnmt"], cluster, forward_assignment=sg.forward_assignment,
+                            replicas=sg.replicas, micro_batches=sg.micro_batches, mapping=plan.mapping)
+    assert again.iteration_time == plan.iteration_time
+    assert again.max_stage_time == pytest.approx(plan.max_stage_time)
+    with pytest.raises(PartitionError, match="forward ops"):
+        replay_pipeline(profiles["gnmt"], cluster, forward_assignment=[0, 1], replicas=[1, 1], micro_batches=1,
+                        mapping=[[0], [1]])

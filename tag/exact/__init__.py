@@ -13,6 +13,7 @@ from tag.exact.mapping import (
     solve_mapping,
     stage_times,
 )
+from tag.exact.mappers import MAPPERS, make_mapper, pipeline_problem
 from tag.exact.partition import (
     PartitionResult,
     dp_over_downsets,
@@ -27,7 +28,10 @@ from tag.exact.pipeline import (
     Placement,
     compile_pipeline,
     consecutive_mapping,
+    mapped_stage_times,
+    mapping_objective,
     plan_pipeline,
+    replay_pipeline,
     simulate_pipeline,
 )
 from tag.exact.rannc import BlockCosts, RannCSolution, form_stage, rannc_dp
@@ -37,7 +41,7 @@ from tag.exact.stage_graph import ForwardGraph, PartitionError, StageGraph, assi
 __all__ = [
     # mapping (Parmesan §V)
     "MappingProblem", "MappingResult", "MappingError", "solve_mapping", "stage_times", "max_stage_time",
-    "choose_instantiation", "cs_map", "p2p_map", "random_map",
+    "choose_instantiation", "cs_map", "p2p_map", "random_map", "MAPPERS", "make_mapper", "pipeline_problem",
     # partitioning (Parmesan §IV, RaNNC §III-C) and pipeline plans
     "downsets", "unique_topological_order", "DownsetLimitError", "DEFAULT_DOWNSET_LIMIT",
     "ForwardGraph", "StageGraph", "PartitionError", "assign_owners", "build_stage_graph",
@@ -46,5 +50,6 @@ __all__ = [
     "PartitionResult", "rannc_dp", "form_stage", "BlockCosts", "RannCSolution",
     "Action", "stage_order", "stage_orders", "format_grid",
     "compile_pipeline", "simulate_pipeline", "consecutive_mapping", "Placement", "PipelinePlan", "plan_pipeline",
+    "mapping_objective", "mapped_stage_times", "replay_pipeline",
     "PARTITIONERS",
 ]

@@ -208,6 +208,73 @@ class _Clock:
         return False
 
 
+def _depth_first(dev: list[int], num_devices: int, clock: _Clock, candidates, viable, *,
+                 admissible=None, exhausted=None) -> str:
+    """Algorithm 2's backtracking over positions 0..len(dev)−1, shared by every search.
+
+    ``candidates(i, free)`` lists the devices position i may try (in order), ``admissible(i, x)`` may
+    still refuse one when it comes up, ``viable(i, free)`` is the forward check after placing position i,
+    and ``exhausted(i, free)`` hears of a position whose candidates all failed. ``dev`` holds the
+    assignment (NO_DEVICE where open); FOUND leaves it complete. Returns FOUND, INFEASIBLE or TIMEOUT.
+    """
+    total = len(dev)
+    free = (1 << num_devices) - 1
+    stack: list[list[int]] = [candidates(0, free)]
+    pointer = [0]
+    i = 0
+    while i >= 0:
+        if pointer[i] == len(stack[i]):
+            if exhausted is not None:
+                exhausted(i, free)
+            stack.pop()
+            pointer.pop()
+            i -= 1
+            if i >= 0:
+                free |= 1 << dev[i]
+                dev[i] = NO_DEVICE
+            continue
+        x = stack[i][pointer[i]]
+        pointer[i] += 1
+        if clock.tick():
+            return TIMEOUT
+        if admissible is not None and not admissible(i, x):
+            continue
+        dev[i] = x
+        free ^= 1 << x
+        if i + 1 == total:
+            return FOUND
+        if viable(i, free):
+            nxt = candidates(i + 1, free)
+            if nxt:
+                stack.append(nxt)
+                pointer.append(0)
+                i += 1
+                continue
+        free |= 1 << x
+        dev[i] = NO_DEVICE
+    return INFEASIBLE
+
+
+def _components(devices: int, graph: list[int]):
+    """The connected components (bitsets) of ``devices`` [bitset] under the links ``graph`` [D bitsets]."""
+    unseen = devices
+    while unseen:
+        component = frontier = unseen & -unseen
+        while frontier:
+            grown = 0
+            for y in _bits(frontier):
+                grown |= graph[y]
+            frontier = grown & unseen & ~component
+            component |= frontier
+        unseen &= ~component
+        yield component
+
+
+def _back_index(adj: list[list[tuple[int, int]]]) -> list[list[int]]:
+    """back[s][a]: the index, in adj[o], of the pair s shares with its a-th neighbour o."""
+    return [[next(b for b, (kk, _) in enumerate(adj[o]) if kk == k) for k, o in adj[s]] for s in range(len(adj))]
+
+
 # --------------------------------------------------------------------------------------- eq. (6): p2p
 
 
@@ -243,7 +310,7 @@ def _p2p_model(tables: SearchTables, target: float) -> _P2PModel:
                 value = value + (transfer[k] if b == a else cheapest[k][:, None])
             rows.append(value <= target)
         half.append(rows)
-    back = [[next(b for b, (kk, _) in enumerate(adj[o]) if kk == k) for k, o in adj[s]] for s in range(num_stages)]
+    back = _back_index(adj)
     pairs = [[half[s][a] & half[o][back[s][a]].T for a, (k, o) in enumerate(adj[s])] for s in range(num_stages)]
     while True:  # arc consistency: a device stays usable only if each of its links has a usable partner
         supported = usable_rows.copy()
@@ -296,8 +363,7 @@ def search_p2p_stages(tables: SearchTables, target: float, deadline: float) -> D
     lower_twin = _lower_twins(tables.twin_class)
     above = _above(num_devices)
     total = num_stages * replicas
-    # back[s][a]: the index, in adj[o], of the pair s shares with its a-th neighbour o.
-    back = [[next(b for b, (kk, _) in enumerate(adj[o]) if kk == k) for k, o in adj[s]] for s in range(num_stages)]
+    back = _back_index(adj)
     # Checking scheme, per stage index q: neighbours placed before (o, its index of the pair, its q),
     # and neighbours placed after (their q).
     placed_before = [[(o, back[s][a], position[o]) for a, (k, o) in enumerate(adj[s]) if position[o] < q]
@@ -374,40 +440,8 @@ def search_p2p_stages(tables: SearchTables, target: float, deadline: float) -> D
             return False
         return _distinct_representatives(bound)
 
-    free = (1 << num_devices) - 1
-    stack: list[list[int]] = [candidates(0, free)]
-    pointer = [0]
-    i = 0
-    while i >= 0:
-        if pointer[i] == len(stack[i]):
-            stack.pop()
-            pointer.pop()
-            i -= 1
-            if i >= 0:
-                free |= 1 << dev[i]
-                dev[i] = NO_DEVICE
-            continue
-        x = stack[i][pointer[i]]
-        pointer[i] += 1
-        if clock.tick():
-            return Decision(TIMEOUT, None, clock.nodes)
-        dev[i] = x
-        free ^= 1 << x
-        if i + 1 == total:
-            mapping = np.empty((num_stages, replicas), dtype=np.int64)
-            for q, s in enumerate(order):
-                mapping[s] = dev[q * replicas:(q + 1) * replicas]
-            return Decision(FOUND, mapping, clock.nodes)
-        if viable(i, free):
-            nxt = candidates(i + 1, free)
-            if nxt:
-                stack.append(nxt)
-                pointer.append(0)
-                i += 1
-                continue
-        free |= 1 << x
-        dev[i] = NO_DEVICE
-    return Decision(INFEASIBLE, None, clock.nodes)
+    status = _depth_first(dev, num_devices, clock, candidates, viable)
+    return Decision(status, _stage_major_mapping(dev, order, replicas) if status == FOUND else None, clock.nodes)
 
 
 def search_p2p_chains(tables: SearchTables, target: float, deadline: float) -> Decision:
@@ -430,7 +464,7 @@ def search_p2p_chains(tables: SearchTables, target: float, deadline: float) -> D
     position = [0] * num_stages
     for j, s in enumerate(order):
         position[s] = j
-    back = [[next(b for b, (kk, _) in enumerate(adj[o]) if kk == k) for k, o in adj[s]] for s in range(num_stages)]
+    back = _back_index(adj)
     placed_before = [[(o, back[s][a], position[o]) for a, (k, o) in enumerate(adj[s]) if position[o] < j]
                      for j, s in enumerate(order)]
     later = [[a for a, (k, o) in enumerate(adj[s]) if position[o] > j] for j, s in enumerate(order)]
@@ -539,16 +573,7 @@ def search_p2p_chains(tables: SearchTables, target: float, deadline: float) -> D
             touching |= linked[y]
         total_fit = 0
         best_gain = None if left else 0
-        unseen = free
-        while unseen:
-            component = frontier = unseen & -unseen
-            while frontier:
-                grown = 0
-                for y in _bits(frontier):
-                    grown |= linked[y]
-                frontier = grown & unseen & ~component
-                component |= frontier
-            unseen &= ~component
+        for component in _components(free, linked):
             size = component.bit_count()
             fit = size // num_stages
             total_fit += fit
@@ -557,44 +582,27 @@ def search_p2p_chains(tables: SearchTables, target: float, deadline: float) -> D
                 best_gain = gain if best_gain is None else max(best_gain, gain)
         return best_gain is not None and total_fit + best_gain >= later_chains
 
-    free = (1 << num_devices) - 1
-    stack: list[list[int]] = [candidates(0, free)]
-    pointer = [0]
-    i = 0
-    while i >= 0:
-        if pointer[i] == len(stack[i]):
-            key = boundary(i, free)
-            if key is not None:
-                failed.add(key)
-            stack.pop()
-            pointer.pop()
-            i -= 1
-            if i >= 0:
-                free |= 1 << dev[i]
-                dev[i] = NO_DEVICE
-            continue
-        x = stack[i][pointer[i]]
-        pointer[i] += 1
-        if clock.tick():
-            return Decision(TIMEOUT, None, clock.nodes)
-        dev[i] = x
-        free ^= 1 << x
-        if i + 1 == total:
-            mapping = np.empty((num_stages, replicas), dtype=np.int64)
-            for chain in range(replicas):
-                for j, s in enumerate(order):
-                    mapping[s, chain] = dev[chain * num_stages + j]
-            return Decision(FOUND, mapping, clock.nodes)
-        if viable(i, free):
-            nxt = candidates(i + 1, free)
-            if nxt:
-                stack.append(nxt)
-                pointer.append(0)
-                i += 1
-                continue
-        free |= 1 << x
-        dev[i] = NO_DEVICE
-    return Decision(INFEASIBLE, None, clock.nodes)
+    def exhausted(i: int, free: int) -> None:
+        key = boundary(i, free)
+        if key is not None:
+            failed.add(key)
+
+    status = _depth_first(dev, num_devices, clock, candidates, viable, exhausted=exhausted)
+    mapping = None
+    if status == FOUND:
+        mapping = np.empty((num_stages, replicas), dtype=np.int64)
+        for chain in range(replicas):
+            for j, s in enumerate(order):
+                mapping[s, chain] = dev[chain * num_stages + j]
+    return Decision(status, mapping, clock.nodes)
+
+
+def _stage_major_mapping(dev: list[int], order: list[int], replicas: int) -> np.ndarray:
+    """[S, R] from an assignment by position, stage order[q]'s replicas at q·R … q·R + R − 1."""
+    mapping = np.empty((len(order), replicas), dtype=np.int64)
+    for q, s in enumerate(order):
+        mapping[s] = dev[q * replicas:(q + 1) * replicas]
+    return mapping
 
 
 def _connected(stages: Sequence[int], adj: list[list[tuple[int, int]]]) -> bool:
@@ -810,16 +818,7 @@ def search_allreduce(tables: SearchTables, target: float, deadline: float) -> De
         rings_left = num_stages - 1 - q
         total_fit = 0
         best_gain = None if left else 0  # best change in fit from hosting the open ring's devices
-        unseen = free
-        while unseen:
-            component = frontier = unseen & -unseen
-            while frontier:
-                grown = 0
-                for y in _bits(frontier):
-                    grown |= graph[y]
-                frontier = grown & unseen & ~component
-                component |= frontier
-            unseen &= ~component
+        for component in _components(free, graph):
             size = component.bit_count()
             fit = size // replicas
             total_fit += fit
@@ -828,39 +827,5 @@ def search_allreduce(tables: SearchTables, target: float, deadline: float) -> De
                 best_gain = gain if best_gain is None else max(best_gain, gain)
         return best_gain is not None and total_fit + best_gain >= rings_left
 
-    free = (1 << num_devices) - 1
-    stack: list[list[int]] = [candidates(0, free)]
-    pointer = [0]
-    i = 0
-    while i >= 0:
-        if pointer[i] == len(stack[i]):
-            stack.pop()
-            pointer.pop()
-            i -= 1
-            if i >= 0:
-                free |= 1 << dev[i]
-                dev[i] = NO_DEVICE
-            continue
-        x = stack[i][pointer[i]]
-        pointer[i] += 1
-        if clock.tick():
-            return Decision(TIMEOUT, None, clock.nodes)
-        if not admissible(i, x):
-            continue
-        dev[i] = x
-        free ^= 1 << x
-        if i + 1 == total:
-            mapping = np.empty((num_stages, replicas), dtype=np.int64)
-            for q, s in enumerate(order):
-                mapping[s] = dev[q * replicas:(q + 1) * replicas]
-            return Decision(FOUND, mapping, clock.nodes)
-        if covered(i, free):
-            nxt = candidates(i + 1, free)
-            if nxt:
-                stack.append(nxt)
-                pointer.append(0)
-                i += 1
-                continue
-        free |= 1 << x
-        dev[i] = NO_DEVICE
-    return Decision(INFEASIBLE, None, clock.nodes)
+    status = _depth_first(dev, num_devices, clock, candidates, covered, admissible=admissible)
+    return Decision(status, _stage_major_mapping(dev, order, replicas) if status == FOUND else None, clock.nodes)

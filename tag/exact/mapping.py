@@ -9,6 +9,9 @@ replica per device. The objective (eq. 5) is the largest stage time, in one of t
 - ``"allreduce"``, eq. (7) with (9): compute + max over the hops of the stage's ring of
   2 (R−1)/R · P(s) / B; the ring visits the replicas in replica order and closes.
 
+Every time is seconds per training iteration (all micro-batches of one stage replica, and one gradient
+all-reduce); :meth:`MappingProblem.from_stage_graph` converts a per-micro-batch StageGraph.
+
 ``"full"`` (compute + both) is the formulation both approximate; :func:`stage_times` evaluates it, the
 search does not optimise it. Link latency enters as α + M/B for a transfer and as a hop's share
 2(R−1)·α of a ring all-reduce, which is how a ring's 2(R−1) steps each wait for the slowest hop; with
@@ -216,7 +219,14 @@ class MappingProblem:
         """From anything with ``stage_time`` [S], ``edge_src`` [E], ``edge_dst`` [E], ``edge_bytes`` [E]
         and ``param_bytes`` [S] (a partitioner's StageGraph) and a cluster.
 
-        M(s, s') of eq. (8) is ``transfers_per_edge`` × the edge's bytes: 2 for the partitioner's
+        **Units: one training iteration.** A StageGraph times one micro-batch (``stage_time``,
+        ``edge_bytes``) but all-reduces its gradients once per iteration (``param_bytes``); a stage
+        replica runs all M = ``micro_batches`` of them (1 when the graph has no such field), so compute
+        and inter-stage bytes are multiplied by M here and eq. (5)'s objective, its lower bounds and the
+        simulated iteration time are all seconds per iteration: a pipeline's iteration is about the
+        objective plus the fill and drain, (S − 1) micro-batches of the other stages.
+
+        M(s, s') of eq. (8) is ``transfers_per_edge`` × M × the edge's bytes: 2 for the partitioner's
         StageGraph, whose ``edge_bytes`` are the forward activations (their gradients return in the
         backward pass, as ``stage_time`` holds forward + backward); 1 when ``edge_bytes`` already count
         both directions. When the stage graph also has ``forward_time`` and ``backward_time`` [S, T] over
@@ -228,12 +238,16 @@ class MappingProblem:
             raise MappingError(f"stage graph lacks field(s) {', '.join(missing)}")
         if not (isinstance(transfers_per_edge, (int, float)) and transfers_per_edge > 0):
             raise MappingError(f"transfers_per_edge must be positive, got {transfers_per_edge!r}")
+        micro_batches = getattr(stage_graph, "micro_batches", 1)
+        if isinstance(micro_batches, bool) or not isinstance(micro_batches, (int, np.integer)) or micro_batches < 1:
+            raise MappingError(f"stage graph micro_batches must be a positive integer, got {micro_batches!r}")
         stage_time = np.asarray(stage_graph.stage_time, dtype=np.float64)
         per_type = _times_per_cluster_type(stage_graph, cluster)
-        return cls.from_cluster(cluster, stage_time=stage_time if per_type is None else per_type,
+        per_micro_batch = stage_time if per_type is None else per_type
+        edge_bytes = transfers_per_edge * micro_batches * np.asarray(stage_graph.edge_bytes, dtype=np.float64)
+        return cls.from_cluster(cluster, stage_time=micro_batches * per_micro_batch,
                                 edge_src=stage_graph.edge_src, edge_dst=stage_graph.edge_dst,
-                                edge_bytes=transfers_per_edge * np.asarray(stage_graph.edge_bytes, dtype=np.float64),
-                                param_bytes=stage_graph.param_bytes, replicas=replicas)
+                                edge_bytes=edge_bytes, param_bytes=stage_graph.param_bytes, replicas=replicas)
 
 
 def _times_per_cluster_type(stage_graph: Any, cluster: Any) -> np.ndarray | None:

@@ -40,6 +40,7 @@ from tag.cost.comm import allreduce_time
 from tag.cost.compute import CostModel
 from tag.exact.clustering import ALPHAS, cluster_operators
 from tag.exact.downsets import DEFAULT_DOWNSET_LIMIT, DownsetLimitError
+from tag.exact.mapping import MappingError, MappingProblem, choose_instantiation, stage_times
 from tag.exact.partition import (
     COMM_CROSSINGS,
     PartitionResult,
@@ -69,6 +70,9 @@ __all__ = [
     "plan_pipeline",
     "PARTITIONERS",
     "reference_bandwidth",
+    "mapping_objective",
+    "mapped_stage_times",
+    "replay_pipeline",
 ]
 
 log = logging.getLogger(__name__)
@@ -81,12 +85,16 @@ SEARCH_DOWNSET_LIMIT = 256
 
 
 class Placement(NamedTuple):
-    """What a mapper returns: ``mapping[s][r]`` device ids, and what it can prove."""
+    """What a mapper returns: ``mapping[s][r]`` device ids, and what it can prove. Times are seconds per
+    iteration (the unit of :meth:`tag.exact.mapping.MappingProblem.from_stage_graph`)."""
 
     mapping: list[list[int]]  # [S][R_s]
-    lower_bound: float | None  # seconds, a bound on the best max stage time; None when unknown
+    lower_bound: float | None  # a bound on the best max stage time; None when unknown
     proven_optimal: bool
     solve_time_s: float
+    max_stage_time: float | None = None  # eq. (5) objective of ``mapping``; None when not evaluated
+    instantiation: str | None = None  # "p2p" or "allreduce": the objective's instantiation
+    gap: float | None = None  # (max_stage_time − lower_bound) / max_stage_time
 
 
 # (stage_graph, replicas: int when uniform else [S] list, cluster, devices) -> object with .mapping,
@@ -236,9 +244,11 @@ class PipelinePlan:
     partitioner: str
     taskgraph: TaskGraph
     result: SimulationResult
-    lower_bound: float | None = None  # from the mapper, seconds
+    lower_bound: float | None = None  # from the mapper, seconds per iteration
     proven_optimal: bool = False
     solve_time_s: float = 0.0  # the mapper's
+    max_stage_time: float | None = None  # eq. (5) objective of ``mapping``, seconds per iteration
+    instantiation: str | None = None  # of ``max_stage_time``: "p2p" or "allreduce"
     info: dict[str, Any] = field(default_factory=dict)  # partition details, search log, timings
 
     @property
@@ -250,7 +260,12 @@ class PipelinePlan:
         return self.stage_graph.num_stages
 
     def as_dict(self) -> dict[str, Any]:
+        """Figures of the plan. ``max_stage_time_s`` and ``lower_bound_s`` are seconds per iteration (all
+        M micro-batches of the bottleneck stage replica, its transfers or its all-reduce: Parmesan's
+        eq. (5) under ``instantiation``), as is ``iteration_time_s``, which adds the fill and drain;
+        ``stage_time_s`` lists each stage's compute per micro-batch."""
         sg = self.stage_graph
+        objective = self.max_stage_time if self.max_stage_time is not None else float(sg.iteration_stage_time.max())
         counts = sg.replicas.tolist()
         return {
             "kind": "pipeline",
@@ -261,11 +276,14 @@ class PipelinePlan:
             "micro_batches": sg.micro_batches,
             "mapping": self.mapping,
             "stage_time_s": sg.stage_time.tolist(),
-            "max_stage_time_s": float(sg.stage_time.max()),
+            "max_stage_time_s": objective,
+            "instantiation": self.instantiation,
             "iteration_time_s": self.result.iteration_time,
             "peak_memory_bytes": float(self.result.peak_memory.max()),
             "feasible": bool(self.result.feasible),
             "lower_bound_s": self.lower_bound,
+            "gap": (None if self.lower_bound is None or objective <= 0
+                    else max(0.0, (objective - self.lower_bound) / objective)),
             "proven_optimal": bool(self.proven_optimal),
             "solve_time_s": float(self.solve_time_s),
             "stage_ops": np.bincount(sg.forward_assignment, minlength=sg.num_stages).tolist(),
@@ -560,13 +578,74 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, *, stages: int | None = None
     info = dict(best.info)
     info["planning_time_s"] = time.perf_counter() - start
     info["configurations_simulated"] = len(ctx.log)
-    lower_bound, proven, solve_time = None, False, 0.0
+    lower_bound, proven, solve_time, objective, mode = None, False, 0.0, None, None
     mapping, taskgraph, result = best.mapping, best.taskgraph, best.result
+    mapped = None
     if mapper is not None:
-        mapped = _call_mapper(mapper, best.stage_graph, cluster, device_list, seed)
+        try:
+            mapped = _call_mapper(mapper, best.stage_graph, cluster, device_list, seed)
+        except MappingError as error:
+            if len(set(best.stage_graph.replicas.tolist())) == 1:
+                raise
+            # RaNNC gave stages unequal replica counts, which the mappers cannot place: keep its placement.
+            info["mapper_skipped"] = str(error)
+    if mapped is not None:
         mapping = _check_mapping(best.stage_graph, cluster, mapped.mapping)
         taskgraph, result = simulate_pipeline(best.stage_graph, cluster, mapping, schedule=schedule)
         lower_bound, proven, solve_time = mapped.lower_bound, bool(mapped.proven_optimal), float(mapped.solve_time_s)
+        objective, mode = getattr(mapped, "max_stage_time", None), getattr(mapped, "instantiation", None)
+    if objective is None:
+        objective, mode = mapping_objective(best.stage_graph, cluster, mapping)
     info["search"] = ctx.log
     return PipelinePlan(best.stage_graph, mapping, schedule, partitioner, taskgraph, result,
-                        None if lower_bound is None else float(lower_bound), proven, solve_time, info)
+                        lower_bound=None if lower_bound is None else float(lower_bound), proven_optimal=proven,
+                        solve_time_s=solve_time, max_stage_time=None if objective is None else float(objective),
+                        instantiation=mode, info=info)
+
+
+def mapped_stage_times(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]],
+                       instantiation: str | None = None) -> tuple[np.ndarray | None, str | None]:
+    """([S] each stage's time under ``mapping``, its slowest replica, in seconds per iteration: Parmesan's
+    eq. (6) or (7), the instantiation chosen by the all-reduce : p2p ratio unless given); (None, None)
+    when the stages have unequal replica counts."""
+    counts = stage_graph.replicas.tolist()
+    if len(set(counts)) != 1:
+        return None, None
+    rows = _check_mapping(stage_graph, cluster, mapping)
+    used = sorted({d for row in rows for d in row})
+    index = {d: i for i, d in enumerate(used)}
+    sub = cluster if len(used) == cluster.num_devices else cluster.subset(used)
+    problem = MappingProblem.from_stage_graph(stage_graph, int(counts[0]), sub)
+    mode = instantiation or choose_instantiation(problem)
+    return stage_times(problem, [[index[d] for d in row] for row in rows], mode).max(axis=1), mode
+
+
+def mapping_objective(stage_graph: StageGraph, cluster: Cluster,
+                      mapping: Sequence[Sequence[int]]) -> tuple[float | None, str | None]:
+    """(Parmesan's eq. (5) objective of ``mapping`` in seconds per iteration, its instantiation): the
+    largest of :func:`mapped_stage_times`; (None, None) when the stages have unequal replica counts."""
+    times, mode = mapped_stage_times(stage_graph, cluster, mapping)
+    return (None, None) if times is None else (float(times.max()), mode)
+
+
+def replay_pipeline(graph: OpGraph, cluster: Cluster, *, forward_assignment: Sequence[int] | np.ndarray,
+                    replicas: Sequence[int], micro_batches: int, mapping: Sequence[Sequence[int]],
+                    schedule: str = "1f1b", reference_gpu: str | None = None, partitioner: str = "replay",
+                    cost: CostModel | None = None) -> PipelinePlan:
+    """Rebuild and simulate a stored pipeline plan: the stage of every forward op of ``graph``'s forward
+    view, the replica counts, M and the mapping (a plan file's ``pipeline`` section)."""
+    if schedule not in SCHEDULES:
+        raise PartitionError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    fg = ForwardGraph.from_graph(graph, cluster.types, cost=cost)
+    forward_stage = np.asarray(forward_assignment, dtype=np.int64).reshape(-1)
+    if forward_stage.shape != (fg.num_nodes,):
+        raise PartitionError(f"the plan assigns {forward_stage.size} forward ops; the model has {fg.num_nodes}")
+    names = [t.name for t in fg.gpu_types]
+    reference = names.index(reference_gpu) if reference_gpu in names else 0
+    sg = build_stage_graph(fg, forward_stage, replicas=list(replicas), micro_batches=micro_batches,
+                           reference_type=reference)
+    rows = _check_mapping(sg, cluster, mapping)
+    taskgraph, result = simulate_pipeline(sg, cluster, rows, schedule=schedule)
+    objective, mode = mapping_objective(sg, cluster, rows)
+    return PipelinePlan(sg, rows, schedule, partitioner, taskgraph, result, max_stage_time=objective,
+                        instantiation=mode)

@@ -14,6 +14,17 @@ from tag.strategy.plan import (
     plan_to_json,
     save_plan,
 )
+from tag.strategy.pipeline_plan import (
+    PIPELINE_KIND,
+    PipelinePlanFile,
+    check_pipeline_plan,
+    load_pipeline_plan,
+    make_pipeline_plan,
+    pipeline_plan_from_json,
+    pipeline_plan_to_json,
+    plan_kind,
+    save_pipeline_plan,
+)
 from tag.strategy.strategy import (
     ALLREDUCE,
     BATCH_SPLITS,
@@ -42,6 +53,9 @@ __all__ = [
     # plan files and fingerprints
     "Plan", "make_plan", "check_plan", "plan_to_json", "plan_from_json", "save_plan", "load_plan",
     "PLAN_FORMAT", "PLAN_SCHEMA_VERSION", "graph_fingerprint", "grouping_fingerprint",
+    # pipeline plan files (kind "pipeline")
+    "PipelinePlanFile", "make_pipeline_plan", "check_pipeline_plan", "pipeline_plan_to_json",
+    "pipeline_plan_from_json", "save_pipeline_plan", "load_pipeline_plan", "plan_kind", "PIPELINE_KIND",
     # errors
     "StrategyError", "PlanError", "PlanMismatchError",
 ]

@@ -1,0 +1,76 @@
+"""Mappers for :func:`tag.exact.pipeline.plan_pipeline`: place a StageGraph's replicas on devices.
+
+A mapper is called as ``mapper(stage_graph, replicas, cluster, devices, seed=...)`` and returns a
+:class:`~tag.exact.pipeline.Placement`. Those made here build the Parmesan :class:`MappingProblem` of the
+stage graph on the sub-cluster of ``devices`` (per iteration: see
+:meth:`MappingProblem.from_stage_graph`), place it, and report its eq. (5) objective and a lower bound
+in the same unit:
+
+- ``"exact"``: :func:`solve_mapping` (binary search + DFS), proven optimal or with its gap;
+- ``"cs"``, ``"p2p"``, ``"random"``: the heuristic mapping, with the assignment lower bound beside it.
+
+Every stage needs the same replica count (RaNNC may give unequal ones: :class:`MappingError`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import numpy as np
+
+from tag._rng import as_rng
+from tag.cluster.cluster import Cluster
+from tag.exact.heuristics import cs_map, p2p_map, random_map
+from tag.exact.mapping import (
+    AUTO,
+    MappingError,
+    MappingProblem,
+    assignment_lower_bound,
+    choose_instantiation,
+    max_stage_time,
+    solve_mapping,
+)
+from tag.exact.pipeline import Mapper, Placement
+from tag.exact.stage_graph import StageGraph
+
+__all__ = ["MAPPERS", "make_mapper", "pipeline_problem"]
+
+MAPPERS = ("exact", "cs", "p2p", "random")
+_HEURISTICS = {"cs": cs_map, "p2p": p2p_map}
+
+
+def pipeline_problem(stage_graph: StageGraph, cluster: Cluster, devices: Sequence[int]) -> MappingProblem:
+    """The mapping problem of ``stage_graph`` on ``devices`` of ``cluster`` (device i of the problem is
+    ``devices[i]``)."""
+    counts = np.asarray(stage_graph.replicas).tolist()
+    if len(set(counts)) != 1:
+        raise MappingError(f"the stage-to-device mappers need one replica count for every stage, got {counts}")
+    sub = cluster if list(devices) == list(range(cluster.num_devices)) else cluster.subset(devices)
+    return MappingProblem.from_stage_graph(stage_graph, int(counts[0]), sub)
+
+
+def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUTO, workers: int = 1) -> Mapper:
+    """The mapper called ``name`` (one of :data:`MAPPERS`); ``time_limit`` and ``workers`` are the exact
+    solver's."""
+    if name not in MAPPERS:
+        raise MappingError(f"mapper must be one of {', '.join(MAPPERS)}, got {name!r}")
+
+    def mapper(stage_graph: StageGraph, replicas: Any, cluster: Cluster, devices: Sequence[int], *,
+               seed: int | np.random.Generator | None = 0) -> Placement:
+        ids = np.asarray(list(devices), dtype=np.int64)
+        problem = pipeline_problem(stage_graph, cluster, ids)
+        mode = choose_instantiation(problem) if instantiation == AUTO else instantiation
+        if name == "exact":
+            result = solve_mapping(problem, instantiation=mode, time_limit=time_limit, workers=workers, seed=seed)
+            return Placement(ids[result.mapping].tolist(), result.lower_bound, result.proven_optimal,
+                             result.solve_time_s, result.max_stage_time, mode, result.gap)
+        start = time.perf_counter()
+        mapping = random_map(problem, as_rng(seed)) if name == "random" else _HEURISTICS[name](problem)
+        value = max_stage_time(problem, mapping, mode)
+        bound = min(assignment_lower_bound(problem, mode), value)
+        gap = 0.0 if value <= bound or value <= 0 else (value - bound) / value
+        return Placement(ids[mapping].tolist(), bound, bound >= value, time.perf_counter() - start, value, mode, gap)
+
+    mapper.__name__ = f"{name}_mapper"
+    return mapper
