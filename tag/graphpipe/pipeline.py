@@ -1,0 +1,321 @@
+"""Graph-pipeline plans: a DAG of stages compiled to the shared TaskGraph, simulated, planned end to end.
+
+**Compilation** (:func:`compile_graph_pipeline`) follows :mod:`tag.exact.pipeline` (same task names,
+labels and memory rules) with two differences: the stage graph is a DAG, so a stage may send to and
+receive from several stages, and each stage runs its own order from the static scheduler
+(:mod:`tag.graphpipe.scheduler`) instead of the chain's 1F1B. Per replica and micro-batch: ``sFm`` and
+``sBm`` chained in the stage's order; for every stage edge a → b a p2p transfer of the activation
+after ``aFm`` that ``bFm`` waits for and of its gradient after ``bBm`` that ``aBm`` waits for (replica
+pairs exchange the overlap of their batch slices); after the last backward a ring all-reduce of the
+stage's gradients over its replicas, then the optimizer step. Memory: parameters × 4 per device, the
+activations of a micro-batch from ``sFm`` to the end of ``sBm``, received activations and gradients
+until ``sBm`` ends.
+
+**Planning** (:func:`plan_graph_pipeline`): for every micro-batch count M (powers of two, at most the
+batch), the partitioner's binary search finds the least bottleneck T*; the plan at T* and at a few
+relaxed targets (fewer, shallower stages) are compiled and simulated, and the fastest feasible one is
+kept — the same "score candidates by simulation" rule as :func:`tag.exact.plan_pipeline`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+from tag.cluster.cluster import Cluster
+from tag.cost.comm import allreduce_time
+from tag.cost.compute import CostModel
+from tag.exact.pipeline import reference_bandwidth
+from tag.exact.schedules import BACKWARD, FORWARD, Action
+from tag.exact.stage_graph import ADAM_MEMORY_COPIES, ForwardGraph, PartitionError, StageGraph, build_stage_graph
+from tag.graph.opgraph import OpGraph
+from tag.graphpipe.partition import DEFAULT_MAX_CHAIN, GraphPartition, block_graph, partition_graphpipe
+from tag.graphpipe.scheduler import graph_stage_orders, stage_depths, stage_inflight
+from tag.sim import SimulationResult, TaskGraph, TaskGraphBuilder, simulate_fast
+
+__all__ = ["compile_graph_pipeline", "simulate_graph_pipeline", "GraphPipelinePlan", "plan_graph_pipeline",
+           "graph_stage_graph", "DEFAULT_RELAX"]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RELAX = (1.0, 1.1, 1.25, 1.5)  # targets tried per M, as multiples of the least bottleneck T*
+
+
+def _overlap(i: int, r_a: int, j: int, r_b: int) -> float:
+    """Fraction of the micro-batch that replica i of r_a and replica j of r_b both cover."""
+    return max(0.0, min((i + 1) / r_a, (j + 1) / r_b) - max(i / r_a, j / r_b))
+
+
+def _check_mapping(sg: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]]) -> list[list[int]]:
+    rows = [[int(d) for d in row] for row in mapping]
+    if len(rows) != sg.num_stages:
+        raise PartitionError(f"mapping has {len(rows)} rows for {sg.num_stages} stages")
+    for s, row in enumerate(rows):
+        if len(row) != sg.replicas[s]:
+            raise PartitionError(f"mapping row {s} has {len(row)} devices for {sg.replicas[s]} replicas")
+        if any(not 0 <= d < cluster.num_devices for d in row):
+            raise PartitionError(f"mapping row {s} names a device outside 0..{cluster.num_devices - 1}")
+    flat = [d for row in rows for d in row]
+    if len(set(flat)) != len(flat):
+        raise PartitionError("mapping places two stage replicas on one device")
+    return rows
+
+
+def compile_graph_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]],
+                           orders: Sequence[Sequence[Action]] | None = None) -> TaskGraph:
+    """The TaskGraph of one iteration (module docstring); ``orders`` default to the static scheduler's
+    over the stage DAG of ``stage_graph``."""
+    sg = stage_graph
+    rows = _check_mapping(sg, cluster, mapping)
+    if orders is None:
+        inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=sg.micro_batches)
+        orders = graph_stage_orders(inflight, sg.micro_batches)
+    type_of = {}
+    for row in rows:
+        for d in row:
+            gpu = cluster.gpu(d)
+            if gpu not in sg.gpu_types:
+                raise PartitionError(f"the stage graph has no times for {gpu.name} (device {d})")
+            type_of[d] = sg.gpu_types.index(gpu)
+    builder = TaskGraphBuilder(cluster, num_groups=sg.num_stages)
+    task: dict[tuple[int, int, str, int], int] = {}
+    for s, row in enumerate(rows):
+        for r, device in enumerate(row):
+            previous = None
+            for action in orders[s]:
+                times = sg.forward_time if action.kind == FORWARD else sg.backward_time
+                tid = builder.compute(device, float(times[s, type_of[device]]),
+                                      deps=() if previous is None else (previous,),
+                                      name=f"s{s}r{r}{action.kind}{action.micro_batch}", label=repr(action), group=s)
+                task[s, r, action.kind, action.micro_batch] = tid
+                previous = tid
+            builder.tensor(device, ADAM_MEMORY_COPIES * float(sg.param_bytes[s]), persistent=True,
+                           name=f"s{s}r{r}.state")
+            for m in range(sg.micro_batches):
+                builder.tensor(device, float(sg.activation_bytes[s]), producer=task[s, r, FORWARD, m],
+                               consumers=(task[s, r, BACKWARD, m],), name=f"s{s}r{r}.act{m}")
+    _add_transfers(builder, sg, rows, task)
+    for s, row in enumerate(rows):
+        last = orders[s][-1]
+        finals = [task[s, r, last.kind, last.micro_batch] for r in range(len(row))]
+        sync = finals
+        if len(row) > 1 and sg.param_bytes[s] > 0:
+            duration = allreduce_time(cluster, row, float(sg.param_bytes[s]))
+            sync = [builder.collective(row, duration, op="allreduce", nbytes=float(sg.param_bytes[s]), deps=finals,
+                                       name=f"s{s}.allreduce", label=f"{s}AR", group=s)] * len(row)
+        for r, device in enumerate(row):
+            builder.compute(device, float(sg.optimizer_time[s, type_of[device]]), deps=(sync[r], finals[r]),
+                            name=f"s{s}r{r}.optimizer", label=f"{s}O", group=s)
+    return builder.build()
+
+
+def _add_transfers(builder: TaskGraphBuilder, sg: StageGraph, rows: list[list[int]],
+                   task: dict[tuple[int, int, str, int], int]) -> None:
+    for a, b, nbytes in zip(sg.edge_src.tolist(), sg.edge_dst.tolist(), sg.edge_bytes.tolist()):
+        r_a, r_b = len(rows[a]), len(rows[b])
+        for i in range(r_a):
+            for j in range(r_b):
+                overlap = _overlap(i, r_a, j, r_b)
+                if overlap <= 0:
+                    continue
+                share = nbytes * r_a * overlap
+                src, dst = rows[a][i], rows[b][j]
+                for m in range(sg.micro_batches):
+                    if share <= 0:
+                        builder.add_deps(task[b, j, FORWARD, m], (task[a, i, FORWARD, m],))
+                        builder.add_deps(task[a, i, BACKWARD, m], (task[b, j, BACKWARD, m],))
+                        continue
+                    fwd = builder.transfer(src, dst, share, deps=(task[a, i, FORWARD, m],),
+                                           name=f"s{a}r{i}>s{b}r{j}F{m}", label=f"{a}>{b}F{m}", group=a)
+                    builder.add_deps(task[b, j, FORWARD, m], (fwd,))
+                    builder.tensor(dst, share, producer=fwd,
+                                   consumers=(task[b, j, FORWARD, m], task[b, j, BACKWARD, m]),
+                                   name=f"s{a}r{i}>s{b}r{j}.act{m}")
+                    bwd = builder.transfer(dst, src, share, deps=(task[b, j, BACKWARD, m],),
+                                           name=f"s{b}r{j}>s{a}r{i}B{m}", label=f"{b}>{a}B{m}", group=b)
+                    builder.add_deps(task[a, i, BACKWARD, m], (bwd,))
+                    builder.tensor(src, share, producer=bwd, consumers=(task[a, i, BACKWARD, m],),
+                                   name=f"s{b}r{j}>s{a}r{i}.grad{m}")
+
+
+def simulate_graph_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]],
+                            orders: Sequence[Sequence[Action]] | None = None, *,
+                            feedback: bool = False) -> tuple[TaskGraph, SimulationResult]:
+    taskgraph = compile_graph_pipeline(stage_graph, cluster, mapping, orders)
+    return taskgraph, simulate_fast(taskgraph, feedback=feedback)
+
+
+def graph_stage_graph(fg: ForwardGraph, partition: GraphPartition, *, reference_type: int = 0) -> StageGraph:
+    """The StageGraph of a graph partition, its ``memory_bytes`` from the DAG's in-flight counts."""
+    sg = build_stage_graph(fg, partition.forward_stage, replicas=partition.replicas,
+                           micro_batches=partition.micro_batches, reference_type=reference_type,
+                           info=dict(partition.info))
+    inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=sg.micro_batches)
+    sg.memory_bytes = ADAM_MEMORY_COPIES * sg.param_bytes + inflight * (sg.activation_bytes + sg.input_bytes)
+    return sg
+
+
+@dataclass(eq=False)
+class GraphPipelinePlan:
+    """A graph-pipeline plan and its simulated iteration."""
+
+    stage_graph: StageGraph
+    mapping: list[list[int]]  # [S][R_s] device ids
+    orders: list[list[Action]]  # [S] each stage's order
+    inflight: np.ndarray  # [S] micro-batches in flight at the peak
+    partition: GraphPartition
+    taskgraph: TaskGraph
+    result: SimulationResult
+    solve_time_s: float = 0.0  # the whole search: partitioning, scheduling, simulation
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def iteration_time(self) -> float:
+        return self.result.iteration_time
+
+    @property
+    def num_stages(self) -> int:
+        return self.stage_graph.num_stages
+
+    @property
+    def depth(self) -> int:
+        """Stages on the longest path of the stage DAG (GraphPipe's pipeline depth)."""
+        sg = self.stage_graph
+        return int(stage_depths(sg.num_stages, sg.edge_src, sg.edge_dst).max())
+
+    @property
+    def throughput(self) -> float:
+        """Samples per second of the simulated iteration."""
+        return self.stage_graph.info.get("batch_size", 0) / self.iteration_time if self.iteration_time else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        sg = self.stage_graph
+        return {
+            "kind": "graph_pipeline",
+            "partitioner": "graphpipe",
+            "schedule": "1f1b",
+            "stages": sg.num_stages,
+            "replicas": sg.replicas.tolist(),
+            "micro_batches": sg.micro_batches,
+            "mapping": self.mapping,
+            "stage_edges": [[int(a), int(b)] for a, b in zip(sg.edge_src, sg.edge_dst)],
+            "inflight": self.inflight.tolist(),
+            "depth": self.depth,
+            "stage_time_s": sg.stage_time.tolist(),
+            "max_stage_time_s": float(sg.stage_time.max()),
+            "iteration_time_s": self.result.iteration_time,
+            "throughput_samples_s": self.throughput,
+            "peak_memory_bytes": float(self.result.peak_memory.max()),
+            "feasible": bool(self.result.feasible),
+            "lower_bound_s": None,
+            "proven_optimal": False,
+            "solve_time_s": float(self.solve_time_s),
+            "stage_ops": np.bincount(sg.forward_assignment, minlength=sg.num_stages).tolist(),
+            "edge_bytes": sg.edge_bytes.tolist(),
+            **{k: v for k, v in self.info.items() if isinstance(v, (int, float, str, bool)) or v is None},
+        }
+
+    def __repr__(self) -> str:
+        return (f"GraphPipelinePlan(S={self.num_stages}, depth={self.depth}, R={self.stage_graph.replicas.tolist()}, "
+                f"M={self.stage_graph.micro_batches}, {self.iteration_time * 1e3:.4g} ms)")
+
+
+def _micro_batch_counts(batch: int, num_devices: int, given: int | None) -> list[int]:
+    if given is not None:
+        return [given]
+    out, m = [], 1
+    while m <= min(batch, 4 * num_devices):
+        out.append(m)
+        m *= 2
+    return out
+
+
+def _mapping(partition: GraphPartition, devices: list[int]) -> list[list[int]]:
+    """Devices handed out stage by stage in the DP's order (a branch's stages get neighbouring ids)."""
+    rows: list[list[int]] = [[] for _ in range(partition.num_stages)]
+    k = 0
+    for s in partition.device_order:
+        count = int(partition.replicas[s])
+        rows[s] = devices[k:k + count]
+        k += count
+    return rows
+
+
+def plan_graph_pipeline(graph: OpGraph, cluster: Cluster, *, num_devices: int | None = None,
+                        devices: Sequence[int] | None = None, micro_batches: int | None = None,
+                        relax: Sequence[float] = DEFAULT_RELAX, max_replicas: int | None = None,
+                        fallback: str = "linearise", max_chain: int = DEFAULT_MAX_CHAIN,
+                        bandwidth: float | None = None, cost: CostModel | None = None) -> GraphPipelinePlan:
+    """Plan a graph pipeline of ``graph`` on ``cluster`` (module docstring).
+
+    ``num_devices`` takes the first devices (default all), ``devices`` names them; ``micro_batches``
+    fixes M (default: powers of two up to min(batch, 4·D)); ``relax`` the targets tried per M as
+    multiples of the least bottleneck; ``max_replicas`` caps a stage's data-parallel degree;
+    ``fallback`` / ``max_chain`` go to the SP decomposition and its coarsening; ``bandwidth`` overrides
+    the median link bandwidth boundary tensors are priced at.
+    """
+    if devices is None:
+        count = cluster.num_devices if num_devices is None else num_devices
+        if isinstance(count, bool) or not isinstance(count, (int, np.integer)) or not 1 <= count <= cluster.num_devices:
+            raise PartitionError(f"num_devices must be in 1..{cluster.num_devices}, got {num_devices!r}")
+        device_list = list(range(int(count)))
+    else:
+        device_list = [int(d) for d in devices]
+        if not device_list or len(set(device_list)) != len(device_list) or \
+                any(not 0 <= d < cluster.num_devices for d in device_list):
+            raise PartitionError(f"devices must be distinct ids in 0..{cluster.num_devices - 1}, got {devices!r}")
+    if micro_batches is not None and (isinstance(micro_batches, bool) or micro_batches < 1
+                                      or micro_batches > graph.batch_size):
+        raise PartitionError(f"micro_batches must be in 1..{graph.batch_size}, got {micro_batches!r}")
+    if not relax or any(not r >= 1.0 for r in relax):
+        raise PartitionError(f"relax must be a non-empty list of numbers >= 1, got {relax!r}")
+    start = time.perf_counter()
+    fg = ForwardGraph.from_graph(graph, cluster.types, cost=cost)
+    counts = np.bincount(cluster.device_type[np.asarray(device_list)], minlength=len(cluster.types))
+    reference_type = fg.gpu_types.index(cluster.types[int(np.argmax(counts))])
+    capacity = float(cluster.memory_bytes()[device_list].min())
+    price = bandwidth if bandwidth is not None else reference_bandwidth(cluster, device_list)
+    bg = block_graph(fg, reference_type=reference_type, fallback=fallback, max_chain=max_chain)
+    best: GraphPipelinePlan | None = None
+    search: list[dict[str, Any]] = []
+    failures: list[str] = []
+    seen: set[tuple] = set()
+    for m in _micro_batch_counts(graph.batch_size, len(device_list), micro_batches):
+        for factor in relax:
+            try:
+                part = partition_graphpipe(bg, num_devices=len(device_list), micro_batches=m, capacity=capacity,
+                                           bandwidth=price, reference_type=reference_type,
+                                           max_replicas=max_replicas, relax=factor)
+            except PartitionError as error:
+                failures.append(f"M={m}: {error}")
+                break
+            key = (m, part.forward_stage.tobytes(), part.replicas.tobytes())
+            if key in seen:
+                continue
+            seen.add(key)
+            sg = graph_stage_graph(fg, part, reference_type=reference_type)
+            sg.info["batch_size"] = graph.batch_size
+            inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=m)
+            orders = graph_stage_orders(inflight, m)
+            mapping = _mapping(part, device_list)
+            taskgraph, result = simulate_graph_pipeline(sg, cluster, mapping, orders)
+            search.append({"micro_batches": m, "relax": factor, "stages": sg.num_stages,
+                           "target_s": part.target, "iteration_time_s": result.iteration_time,
+                           "feasible": bool(result.feasible)})
+            plan = GraphPipelinePlan(sg, mapping, orders, inflight, part, taskgraph, result)
+            if best is None or (not result.feasible, result.iteration_time) < \
+                    (not best.result.feasible, best.result.iteration_time):
+                best = plan
+    if best is None:
+        reason = f"; first failure: {failures[0]}" if failures else ""
+        raise PartitionError(f"no graph pipeline fits {len(device_list)} devices{reason}")
+    best.solve_time_s = time.perf_counter() - start
+    best.info.update({"planning_time_s": best.solve_time_s, "configurations_simulated": len(search),
+                      "blocks": bg.num_blocks, "sp_fallbacks": len(bg.sp_tree.fallbacks),
+                      "target_s": best.partition.target})
+    best.info["search"] = search
+    return best
