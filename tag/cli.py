@@ -650,6 +650,48 @@ def _print_pipeline(payload: dict) -> None:
         console.print(f"wrote {kind}: {path}")
 
 
+# --------------------------------------------------------------------------------------------- compare
+def cmd_compare(args: argparse.Namespace) -> dict:
+    from tag.cluster import resolve_cluster
+    from tag.compare import CompareConfig, compare_planners
+    from tag.graph.resolve import resolve_model
+
+    cluster = resolve_cluster(args.cluster)
+    graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
+    config = CompareConfig(budget=args.budget, num_groups=args.num_groups, policy=args.policy,
+                           mapping_time_limit=args.time_limit, graphpipe=not args.no_graphpipe, seed=args.seed)
+    with _status(sys.stderr.isatty() and not args.json, "comparing planners") as status:
+        report = (lambda message: status.update(f"comparing planners: {message}")) if status is not None else None
+        rows = compare_planners(graph, cluster, config=config, progress=report)
+    payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "devices": cluster.num_devices,
+               "batch_size": graph.batch_size, "budget": args.budget, "policy": args.policy, "planners": rows}
+    if not args.json:
+        _print_compare(payload)
+    return payload
+
+
+def _print_compare(payload: dict) -> None:
+    from rich.table import Table
+
+    from tag.units import format_bytes, format_time
+
+    table = Table(title=f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
+                        f"({payload['devices']} devices): every planner, one simulator")
+    for column in ("planner", "iteration", "vs DP-NCCL", "peak memory", "search", "gap to bound", "fits"):
+        table.add_column(column, justify="left" if column == "planner" else "right")
+    for row in payload["planners"]:
+        speedup = f"{row['speedup_over_dp_nccl']:.2f}x" if row["speedup_over_dp_nccl"] else "-"
+        if row["gap"] is None:
+            gap = "-"
+        else:
+            gap = "[green]optimal[/]" if row["proven_optimal"] else f"{100 * row['gap']:.1f}%"
+        fits = "[green]yes[/]" if row["feasible"] else f"[red]{row.get('note', 'OOM')}[/]"
+        memory = format_bytes(row["peak_memory_bytes"]) if row["peak_memory_bytes"] == row["peak_memory_bytes"] else "-"
+        table.add_row(row["planner"], format_time(row["iteration_time_s"]), speedup, memory,
+                      format_time(row["search_time_s"]), gap, fits)
+    _console().print(table)
+
+
 # ---------------------------------------------------------------------------------------------- parser
 def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", metavar="MODEL", help="zoo name, graph .json(.gz), PipeDream graph.txt, or MODULE:FUNCTION")
@@ -717,6 +759,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--only", metavar="A,B", help="comma-separated subset of " + ", ".join(_baseline_names()))
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_baselines)
+
+    p = sub.add_parser("compare", help="every planner on one model and cluster through one simulator")
+    _add_model(p)
+    _add_cluster(p)
+    p.add_argument("--budget", type=_positive_int, default=300, metavar="N",
+                   help="search iterations of MCMC, pure MCTS and tag (default 300)")
+    p.add_argument("--policy", metavar="CKPT", help="GNN policy checkpoint for the tag (GNN+MCTS) row")
+    p.add_argument("--time-limit", type=_positive_seconds, default=60.0, metavar="S",
+                   help="seconds for the exact mapper (default 60)")
+    p.add_argument("--no-graphpipe", action="store_true", help="leave GraphPipe's graph pipeline out")
+    _add_grouping(p, seed_help="METIS, search and mapper seed")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("pipeline", help="exact pipeline planning: partition into stages, map them onto devices, simulate")
     _add_model(p)

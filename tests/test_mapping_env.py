@@ -55,3 +55,18 @@ def test_mcts_finds_the_optimum_of_small_instances(seed):
     optimum = brute_force(problem, env.instantiation)
     assert result.best_time == pytest.approx(optimum, rel=1e-12)
     assert result.best_time <= env.reference_time  # never worse than the CS map it starts from
+
+
+def test_mcts_mapper_places_a_pipeline_and_reports_its_bound():
+    from tag.cluster import resolve_cluster
+    from tag.exact import make_mapper, plan_pipeline
+    from tag.graph.resolve import resolve_model
+
+    graph = resolve_model("vgg19", tiny=True)
+    cluster = resolve_cluster("tag-testbed")
+    plan = plan_pipeline(graph, cluster, stages=2, replicas=2, mapper=make_mapper("mcts", mcts_iterations=200))
+    devices = sorted(d for row in plan.mapping for d in row)
+    assert len(devices) == 4 and len(set(devices)) == 4
+    assert plan.lower_bound is not None and plan.lower_bound <= plan.max_stage_time * (1 + 1e-12)
+    exact = plan_pipeline(graph, cluster, stages=2, replicas=2, mapper=make_mapper("exact", time_limit=30))
+    assert exact.proven_optimal and exact.max_stage_time <= plan.max_stage_time * (1 + 1e-12)

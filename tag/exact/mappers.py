@@ -7,7 +7,10 @@ stage graph on the sub-cluster of ``devices`` (per iteration: see
 in the same unit:
 
 - ``"exact"``: :func:`solve_mapping` (binary search + DFS), proven optimal or with its gap;
-- ``"cs"``, ``"p2p"``, ``"random"``: the heuristic mapping, with the assignment lower bound beside it.
+- ``"cs"``, ``"p2p"``, ``"random"``: the heuristic mapping, with the assignment lower bound beside it;
+- ``"mcts"``: the shared MCTS over :class:`tag.search.MappingEnv` with uniform priors (pure MCTS),
+  ``mcts_iterations`` leaves or ``time_limit`` seconds, whichever ends first; the assignment lower bound
+  beside it.
 
 Every stage needs the same replica count (RaNNC may give unequal ones: :class:`MappingError`).
 """
@@ -36,7 +39,8 @@ from tag.exact.stage_graph import StageGraph
 
 __all__ = ["MAPPERS", "make_mapper", "pipeline_problem"]
 
-MAPPERS = ("exact", "cs", "p2p", "random")
+MAPPERS = ("exact", "cs", "p2p", "random", "mcts")
+DEFAULT_MCTS_ITERATIONS = 2000
 _HEURISTICS = {"cs": cs_map, "p2p": p2p_map}
 
 
@@ -50,9 +54,10 @@ def pipeline_problem(stage_graph: StageGraph, cluster: Cluster, devices: Sequenc
     return MappingProblem.from_stage_graph(stage_graph, int(counts[0]), sub)
 
 
-def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUTO, workers: int = 1) -> Mapper:
-    """The mapper called ``name`` (one of :data:`MAPPERS`); ``time_limit`` and ``workers`` are the exact
-    solver's."""
+def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUTO, workers: int = 1,
+                mcts_iterations: int = DEFAULT_MCTS_ITERATIONS) -> Mapper:
+    """The mapper called ``name`` (one of :data:`MAPPERS`); ``time_limit`` bounds the exact solver and
+    MCTS, ``workers`` is the exact solver's."""
     if name not in MAPPERS:
         raise MappingError(f"mapper must be one of {', '.join(MAPPERS)}, got {name!r}")
 
@@ -66,7 +71,10 @@ def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUT
             return Placement(ids[result.mapping].tolist(), result.lower_bound, result.proven_optimal,
                              result.solve_time_s, result.max_stage_time, mode, result.gap)
         start = time.perf_counter()
-        mapping = random_map(problem, as_rng(seed)) if name == "random" else _HEURISTICS[name](problem)
+        if name == "mcts":
+            mapping = _mcts_map(problem, mode, mcts_iterations, time_limit, seed)
+        else:
+            mapping = random_map(problem, as_rng(seed)) if name == "random" else _HEURISTICS[name](problem)
         value = max_stage_time(problem, mapping, mode)
         bound = min(assignment_lower_bound(problem, mode), value)
         gap = 0.0 if value <= bound or value <= 0 else (value - bound) / value
@@ -74,3 +82,14 @@ def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUT
 
     mapper.__name__ = f"{name}_mapper"
     return mapper
+
+
+def _mcts_map(problem: MappingProblem, mode: str, iterations: int, time_limit: float,
+              seed: int | np.random.Generator | None) -> np.ndarray:
+    """[S, R] the best mapping pure MCTS finds (tag.search imports tag.exact, hence the late import)."""
+    from tag.search import MappingEnv, mcts_search, uniform_mapping_evaluator
+
+    env = MappingEnv(problem, instantiation=mode)
+    result = mcts_search(env, uniform_mapping_evaluator, max_iterations=iterations, time_limit_s=time_limit,
+                         target_visits=None, seed=seed)
+    return np.asarray(result.best, dtype=np.int64)

@@ -1,0 +1,172 @@
+"""Every planner on one (model, cluster), through one simulator (DESIGN.md: Comparing learned and exact).
+
+:func:`compare_planners` runs, in order:
+
+- the data-parallel baselines DP-NCCL, DP-NCCL-P and Horovod-like (tag.baselines);
+- the strategy searches of tag plan at one budget: MCMC (FlexFlow-style), pure MCTS (uniform priors),
+  and tag (GNN priors + MCTS) when a policy checkpoint is given;
+- Parmesan pipelines: one partition, (S, R, M) chosen by simulation (Parmesan App. B), then mapped by
+  each stage-to-device mapper (exact, CS, p2p, pure MCTS) and re-simulated on that mapping; the mappers
+  report their max stage time against the exact mapper's lower bound;
+- RaNNC (its Algorithms 1–2, its own placement), and GraphPipe's graph pipeline where the model has
+  branches to exploit.
+
+Each row: planner, kind, iteration time, speed-up over DP-NCCL (None when either does not fit), peak
+memory, search time, feasibility; mapper rows add the max stage time, the lower bound and the gap to it.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from tag.cluster import Cluster
+from tag.graph import OpGraph
+
+__all__ = ["CompareConfig", "compare_planners", "PIPELINE_MAPPERS"]
+
+log = logging.getLogger(__name__)
+
+PIPELINE_MAPPERS = ("exact", "cs", "p2p", "mcts")  # Parmesan's partition, each of these placing it
+
+
+@dataclass(frozen=True)
+class CompareConfig:
+    """What ``tag compare`` gathers from its flags."""
+
+    budget: int = 300  # search iterations of MCMC, pure MCTS and tag
+    num_groups: int = 60  # METIS op groups of the strategy searches
+    policy: str | None = None  # GNN checkpoint for the tag row; None leaves the row out
+    mapping_time_limit: float = 60.0  # seconds for the exact mapper (and the MCTS mapper's cap)
+    mcts_mapper_iterations: int = 2000  # leaves of the pure-MCTS mapper
+    graphpipe: bool = True  # include GraphPipe's graph pipeline
+    seed: int = 0
+
+
+Progress = Callable[[str], None]
+
+
+def compare_planners(graph: OpGraph, cluster: Cluster, *, config: CompareConfig = CompareConfig(),
+                     progress: Progress | None = None) -> list[dict[str, Any]]:
+    """One row per planner (module docstring); every figure simulated."""
+    say = progress or (lambda message: None)
+    rows: list[dict[str, Any]] = []
+    rows += _strategy_rows(graph, cluster, config, say)
+    rows += _pipeline_rows(graph, cluster, config, say)
+    reference = rows[0]  # DP-NCCL
+    for row in rows:
+        fits = row["feasible"] and reference["feasible"] and row["iteration_time_s"] > 0
+        row["speedup_over_dp_nccl"] = reference["iteration_time_s"] / row["iteration_time_s"] if fits else None
+    return rows
+
+
+def _row(planner: str, kind: str, iteration_time_s: float, feasible: bool, peak_memory_bytes: float,
+         search_time_s: float, **extra: Any) -> dict[str, Any]:
+    return {"planner": planner, "kind": kind, "iteration_time_s": float(iteration_time_s), "feasible": bool(feasible),
+            "peak_memory_bytes": float(peak_memory_bytes), "search_time_s": float(search_time_s),
+            "max_stage_time_s": None, "lower_bound_s": None, "gap": None, "proven_optimal": None, **extra}
+
+
+def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress) -> list[dict[str, Any]]:
+    from tag.planner import COMPARED_BASELINES, PlanConfig, load_priors, plan_training
+
+    searches = [("MCMC", "mcmc", None), ("pure MCTS", "mcts", None)]
+    if config.policy:
+        searches.append(("tag (GNN+MCTS)", "mcts", config.policy))
+    rows, outcome = [], None
+    for label, search, policy in searches:
+        say(f"{label}: {config.budget} iterations")
+        priors = load_priors(policy)
+        plan_config = PlanConfig(num_groups=config.num_groups, max_iterations=config.budget, search=search,
+                                 seed=config.seed)
+        outcome = plan_training(graph, cluster, config=plan_config, evaluator=priors.evaluator,
+                                batch_evaluator=priors.batch_evaluator,
+                                batch_size=8 if priors.batch_evaluator is not None else 1)
+        if not rows:  # the baselines, as the first planning run simulated them
+            names = {"dp-nccl": "DP-NCCL", "dp-nccl-p": "DP-NCCL-P", "horovod": "Horovod-like"}
+            for key, baseline in zip(COMPARED_BASELINES, outcome.baselines):
+                rows.append(_row(names[key], "baseline", baseline.iteration_time_s, not baseline.oom,
+                                 float(np.max(baseline.peak_memory)), 0.0))
+        result = outcome.result
+        rows.append(_row(label, "strategy", result.iteration_time, result.feasible, float(result.peak_memory.max()),
+                         outcome.search.search_time_s, iterations=outcome.search.num_iterations,
+                         origin=outcome.origin))
+    return rows
+
+
+def _pipeline_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress) -> list[dict[str, Any]]:
+    from tag.errors import TagError
+    from tag.exact import make_mapper, plan_pipeline, simulate_pipeline
+
+    rows = []
+    say("Parmesan partition + exact map")
+    start = time.perf_counter()
+    try:
+        plan = plan_pipeline(graph, cluster, partitioner="parmesan", seed=config.seed,
+                             mapper=make_mapper("exact", time_limit=config.mapping_time_limit))
+    except TagError as error:
+        log.warning("Parmesan pipeline: %s", error)
+        rows.append(_failed("Parmesan + exact map", "pipeline", str(error)))
+        plan = None
+    if plan is not None:
+        partition_s = time.perf_counter() - start - plan.solve_time_s
+        rows.append(_pipeline_row("Parmesan + exact map", plan.result, plan.max_stage_time, plan.lower_bound,
+                                  plan.proven_optimal, partition_s + plan.solve_time_s, plan))
+        sg = plan.stage_graph
+        devices = sorted(d for row in plan.mapping for d in row)
+        for name in PIPELINE_MAPPERS[1:]:
+            say(f"Parmesan partition + {name} map")
+            mapper = make_mapper(name, time_limit=config.mapping_time_limit,
+                                 mcts_iterations=config.mcts_mapper_iterations)
+            placement = mapper(sg, sg.replicas.tolist(), cluster, devices, seed=config.seed)
+            _, result = simulate_pipeline(sg, cluster, placement.mapping, schedule=plan.schedule)
+            label = {"cs": "CS", "p2p": "p2p", "mcts": "pure-MCTS"}[name]
+            bound = plan.lower_bound  # the exact mapper's: the optimum when it was proven
+            rows.append(_pipeline_row(f"Parmesan + {label} map", result, placement.max_stage_time, bound,
+                                      None, partition_s + placement.solve_time_s, plan))
+    say("RaNNC")
+    start = time.perf_counter()
+    try:
+        rannc = plan_pipeline(graph, cluster, partitioner="rannc", seed=config.seed)
+        rows.append(_pipeline_row("RaNNC", rannc.result, rannc.max_stage_time, None, None,
+                                  time.perf_counter() - start, rannc))
+    except TagError as error:
+        log.warning("RaNNC: %s", error)
+        rows.append(_failed("RaNNC", "pipeline", str(error)))
+    if config.graphpipe:
+        say("GraphPipe")
+        from tag.graphpipe import plan_graph_pipeline
+
+        start = time.perf_counter()
+        try:
+            gp = plan_graph_pipeline(graph, cluster)
+            figures = gp.as_dict()
+            rows.append(_row("GraphPipe", "graph pipeline", figures["iteration_time_s"], figures["feasible"],
+                             figures["peak_memory_bytes"], time.perf_counter() - start,
+                             max_stage_time_s=figures["max_stage_time_s"], stages=figures["stages"]))
+        except TagError as error:
+            log.warning("GraphPipe: %s", error)
+            rows.append(_failed("GraphPipe", "graph pipeline", str(error)))
+    return rows
+
+
+def _pipeline_row(planner: str, result, max_stage_time: float | None, lower_bound: float | None,
+                  proven: bool | None, search_time_s: float, plan) -> dict[str, Any]:
+    gap = None
+    if lower_bound is not None and max_stage_time is not None and max_stage_time > 0:
+        gap = max(0.0, (max_stage_time - lower_bound) / max_stage_time)
+        proven = (gap == 0.0) if proven is None else proven
+    sg = plan.stage_graph
+    counts = sg.replicas.tolist()
+    return _row(planner, "pipeline", result.iteration_time, result.feasible, float(result.peak_memory.max()),
+                search_time_s, max_stage_time_s=max_stage_time, lower_bound_s=lower_bound, gap=gap,
+                proven_optimal=proven, stages=sg.num_stages, replicas=counts[0] if len(set(counts)) == 1 else counts,
+                micro_batches=sg.micro_batches)
+
+
+def _failed(planner: str, kind: str, why: str) -> dict[str, Any]:
+    return _row(planner, kind, float("inf"), False, float("nan"), 0.0, note=why)
