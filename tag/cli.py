@@ -549,11 +549,16 @@ def cmd_pipeline(args: argparse.Namespace) -> dict:
     from tag.exact import make_mapper, mapped_stage_times, plan_pipeline
     from tag.graph.resolve import resolve_model
 
+    if args.partitioner == "graphpipe" and (args.out or args.stages or args.replicas):
+        raise OutputError("--partitioner graphpipe chooses its own stages and replicas and writes no plan file: "
+                          "leave out --stages, --replicas and --out")
     if args.out:
         _output_path(args.out, flag="--out", suffixes=(".json",), what="plan file")
     _check_view_paths(args)
     cluster = resolve_cluster(args.cluster)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
+    if args.partitioner == "graphpipe":
+        return _graph_pipeline(args, graph, cluster)
     mapper = make_mapper(args.mapper, time_limit=args.time_limit)
     with _status(sys.stderr.isatty() and not args.json, f"planning a pipeline of {graph.meta.get('model', args.model)}"):
         plan = plan_pipeline(graph, cluster, stages=args.stages, replicas=args.replicas, auto=args.auto,
@@ -577,6 +582,41 @@ def cmd_pipeline(args: argparse.Namespace) -> dict:
     payload["files"] = {**({"plan": args.out} if args.out else {}), **files}
     if not args.json:
         _print_pipeline(payload)
+    return payload
+
+
+def _graph_pipeline(args: argparse.Namespace, graph, cluster) -> dict:
+    """`tag pipeline --partitioner graphpipe`: GraphPipe's series-parallel stage graph and its schedule."""
+    from tag.graphpipe import plan_graph_pipeline
+    from tag.units import format_bytes, format_time
+
+    with _status(sys.stderr.isatty() and not args.json, f"planning a graph pipeline of {graph.meta.get('model', args.model)}"):
+        plan = plan_graph_pipeline(graph, cluster, micro_batches=args.micro_batches)
+    payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "devices": cluster.num_devices,
+               "batch_size": graph.batch_size, **plan.as_dict()}
+    payload["samples_per_s"] = graph.batch_size / plan.iteration_time if plan.iteration_time > 0 else None
+    payload["files"] = _write_views(args, plan.result, plan.taskgraph,
+                                    f"{payload['model']} on {cluster.name}: graph pipeline {plan.num_stages} stages")
+    if args.json:
+        return payload
+    from rich.table import Table
+
+    table = Table(title=f"Graph pipeline (GraphPipe): {payload['model']} (batch {graph.batch_size}) on {cluster.name}, "
+                        f"{payload['micro_batches']} micro-batches, depth {payload['depth']}")
+    for column in ("stage", "ops", "compute / micro-batch", "in flight", "devices", "feeds"):
+        table.add_column(column, justify="left" if column in ("devices", "feeds") else "right")
+    for s, devices in enumerate(payload["mapping"]):
+        feeds = ",".join(str(b) for a, b in payload["stage_edges"] if a == s) or "-"
+        table.add_row(str(s), f"{payload['stage_ops'][s]:,}", format_time(payload["stage_time_s"][s]),
+                      str(payload["inflight"][s]), ",".join(map(str, devices)), feeds)
+    console = _console()
+    console.print(table)
+    state = "[green]fits[/]" if payload["feasible"] else "[red]OOM[/]"
+    console.print(f"iteration {format_time(payload['iteration_time_s'])} ({state}), "
+                  f"{payload['samples_per_s']:.1f} samples/s, peak memory {format_bytes(payload['peak_memory_bytes'])}, "
+                  f"search {format_time(payload['solve_time_s'])}")
+    for kind, path in payload["files"].items():
+        console.print(f"wrote {kind}: {path}")
     return payload
 
 
@@ -781,8 +821,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auto", action="store_true", help="search (S, R, micro-batches) by simulation (the default "
                                                        "when neither --stages nor --replicas is given)")
     p.add_argument("--micro-batches", type=_positive_int, metavar="M", help="micro-batches (default: searched)")
-    p.add_argument("--partitioner", choices=_pipeline_choices("PARTITIONERS"), default="parmesan",
-                   help="stage partitioner (default parmesan)")
+    p.add_argument("--partitioner", choices=(*_pipeline_choices("PARTITIONERS"), "graphpipe"), default="parmesan",
+                   help="stage partitioner (default parmesan; graphpipe: stages that form a graph, GraphPipe)")
     p.add_argument("--mapper", choices=_pipeline_choices("MAPPERS"), default="exact",
                    help="stage-to-device mapper (default exact: provably optimal or its gap)")
     p.add_argument("--time-limit", type=_positive_seconds, default=60.0, metavar="S",

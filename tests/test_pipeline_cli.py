@@ -148,3 +148,15 @@ def test_pipeline_plan_file_round_trip_and_validation(tmp_path):
             pipeline_plan_from_json(broken)
     with pytest.raises(PlanMismatchError, match="cluster"):
         load_pipeline_plan(path, cluster=resolve_cluster("dgx1x4"))
+
+
+def test_pipeline_graphpipe_partitioner(capsys):
+    payload = run_json(capsys, "pipeline", "candle-uno", "--tiny", "--cluster", "tag-testbed",
+                       "--partitioner", "graphpipe")
+    assert payload["kind"] == "graph_pipeline" and payload["feasible"] is True
+    used = [d for row in payload["mapping"] for d in row]
+    assert len(used) == len(set(used)) <= 16
+    assert any(b != a + 1 for a, b in payload["stage_edges"])  # branches: the stages form a graph, not a chain
+    code, _, err = run(capsys, "pipeline", "candle-uno", "--tiny", "--cluster", "tag-testbed",
+                       "--partitioner", "graphpipe", "--stages", "4")
+    assert code == 2 and "graphpipe chooses its own stages" in err
