@@ -1,0 +1,193 @@
+"""Learned against exact stage-to-device mappers, over cluster sizes and topology families (issue 8).
+
+For each topology family (2D mesh, 2D torus, random_blk_1, random_blk_2, uniform_dist), device count D
+and pipeline shape (S, D/S): cut a zoo model into S stages (PipeDream-style contiguous DP at R = D/S,
+M = min(S, batch/R) micro-batches), build the Parmesan mapping problem (seconds per iteration), and place
+it with every mapper: the exact solver (binary search + DFS, with a time limit), pure MCTS (uniform
+priors on tag.search.MappingEnv), CS map and p2p map. The learned mapper (GNN priors) joins once a
+mapping policy is trained. Gap = (t − bound) / t against the exact solver's bound: the optimum when it
+was proven, else its best lower bound.
+
+Writes a markdown report and two plots (median gap and median solve time against devices) and prints the
+tables; the last line of stdout is one JSON object of every figure.
+
+    .venv/bin/python scripts/compare_mappers.py [--devices 8 16 32 64 128 256] [--time-limit 10]
+        [--mcts-iterations 1000] [--model bert-large] [--out docs/compare_mappers]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from tag._atomic import atomic_write_text
+from tag.cluster import resolve_cluster
+from tag.exact import ForwardGraph, build_stage_graph, partition_pipedream
+from tag.exact.heuristics import cs_map, p2p_map
+from tag.exact.mapping import MappingProblem, choose_instantiation, max_stage_time, solve_mapping
+from tag.graph.resolve import resolve_model
+from tag.search import MappingEnv, mcts_search, uniform_mapping_evaluator
+
+GRIDS = {8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
+FAMILIES = {
+    "2d mesh": lambda d: f"mesh2d:{GRIDS[d]}",
+    "2d torus": lambda d: f"torus2d:{GRIDS[d]}",
+    "random_blk_1": lambda d: f"random-blk-1:{d},seed=0",
+    "random_blk_2": lambda d: f"random-blk-2:{d},seed=0",
+    "uniform_dist": lambda d: f"uniform-dist:{d},seed=0",
+}
+MAPPERS = ("exact", "pure MCTS", "CS", "p2p")
+PARTITION_BANDWIDTH = 10e9  # bytes/s the partitioner prices boundary tensors at (the mapper sees the real links)
+
+
+@functools.lru_cache(maxsize=None)
+def forward_view(model: str) -> ForwardGraph:
+    return ForwardGraph.from_graph(resolve_model(model), ["v100-32gb"])
+
+
+@functools.lru_cache(maxsize=None)
+def stage_graph(model: str, stages: int, replicas: int):
+    fg = forward_view(model)
+    micro_batches = max(1, min(stages, fg.batch_size // replicas))
+    part = partition_pipedream(fg, stages=stages, replicas=replicas, micro_batches=micro_batches,
+                               bandwidth=PARTITION_BANDWIDTH)
+    return build_stage_graph(fg, part.forward_stage, replicas=replicas, micro_batches=micro_batches)
+
+
+def run_instance(model: str, family: str, devices: int, stages: int, time_limit: float, iterations: int) -> dict:
+    cluster = resolve_cluster(FAMILIES[family](devices))
+    replicas = devices // stages
+    problem = MappingProblem.from_stage_graph(stage_graph(model, stages, replicas), replicas, cluster)
+    mode = choose_instantiation(problem)
+    out = {"family": family, "devices": devices, "stages": stages, "replicas": replicas, "instantiation": mode}
+    start = time.perf_counter()
+    exact = solve_mapping(problem, instantiation=mode, time_limit=time_limit)
+    times = {"exact": (exact.max_stage_time, time.perf_counter() - start)}
+    start = time.perf_counter()
+    env = MappingEnv(problem, instantiation=mode, lower_bound=exact.lower_bound)
+    search = mcts_search(env, uniform_mapping_evaluator, max_iterations=iterations, time_limit_s=time_limit,
+                         target_visits=None)
+    times["pure MCTS"] = (search.best_time, time.perf_counter() - start)
+    for name, heuristic in (("CS", cs_map), ("p2p", p2p_map)):
+        start = time.perf_counter()
+        mapping = heuristic(problem)
+        times[name] = (max_stage_time(problem, mapping, mode), time.perf_counter() - start)
+    out["proven_optimal"] = bool(exact.proven_optimal)
+    out["lower_bound_s"] = float(exact.lower_bound)
+    for name, (value, seconds) in times.items():
+        out[name] = {"max_stage_time_s": float(value), "solve_time_s": float(seconds),
+                     "gap": float(max(0.0, (value - exact.lower_bound) / value)) if value > 0 else 0.0}
+    return out
+
+
+def summarise(rows: list[dict]) -> dict[int, dict[str, dict[str, float]]]:
+    """Per device count and mapper: median gap and median solve time, and how many exact runs proved."""
+    by_devices: dict[int, list[dict]] = defaultdict(list)
+    for row in rows:
+        by_devices[row["devices"]].append(row)
+    summary = {}
+    for devices, group in sorted(by_devices.items()):
+        summary[devices] = {name: {"median_gap": float(np.median([r[name]["gap"] for r in group])),
+                                   "median_time_s": float(np.median([r[name]["solve_time_s"] for r in group]))}
+                            for name in MAPPERS}
+        summary[devices]["proven"] = {"count": sum(r["proven_optimal"] for r in group), "of": len(group)}
+    return summary
+
+
+def markdown(summary: dict, args: argparse.Namespace) -> str:
+    lines = [f"# Stage-to-device mappers: {args.model}, exact time limit {args.time_limit:g} s, "
+             f"pure MCTS {args.mcts_iterations} iterations", "",
+             "Median gap to the exact solver's bound (the optimum where proven), per device count, over "
+             f"{len(FAMILIES)} topology families × {len(args.stages)} pipeline depths.", "",
+             "| devices | proven | " + " | ".join(f"{m} gap" for m in MAPPERS) + " | "
+             + " | ".join(f"{m} time" for m in MAPPERS) + " |",
+             "|" + "---|" * (2 + 2 * len(MAPPERS))]
+    for devices, row in summary.items():
+        gaps = " | ".join(f"{100 * row[m]['median_gap']:.2f}%" for m in MAPPERS)
+        seconds = " | ".join(f"{row[m]['median_time_s']:.3g} s" for m in MAPPERS)
+        lines.append(f"| {devices} | {row['proven']['count']}/{row['proven']['of']} | {gaps} | {seconds} |")
+    lines += ["", f"Regenerate: `.venv/bin/python scripts/compare_mappers.py {' '.join(sys.argv[1:])}`".rstrip(), ""]
+    return "\n".join(lines)
+
+
+def plot(summary: dict, out: Path) -> list[str]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    devices = list(summary)
+    paths = []
+    for key, label, name in (("median_gap", "median gap to bound", "gap"), ("median_time_s", "median time (s)", "time")):
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        for mapper in MAPPERS:
+            values = [summary[d][mapper][key] * (100 if key == "median_gap" else 1) for d in devices]
+            ax.plot(devices, values, marker="o", label=mapper)
+        ax.set_xscale("log", base=2)
+        if key == "median_time_s":
+            ax.set_yscale("log")
+        ax.set_xlabel("devices")
+        ax.set_ylabel(label + (" (%)" if key == "median_gap" else ""))
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        path = out.with_name(f"{out.name}_{name}.png")
+        tmp = path.with_suffix(".tmp.png")
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        tmp.replace(path)
+        paths.append(str(path))
+    return paths
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="bert-large")
+    parser.add_argument("--devices", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256], choices=sorted(GRIDS))
+    parser.add_argument("--stages", type=int, nargs="+", default=[4, 8])
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
+    parser.add_argument("--time-limit", type=float, default=10.0, help="seconds for the exact solver and MCTS each")
+    parser.add_argument("--mcts-iterations", type=int, default=1000)
+    parser.add_argument("--out", type=Path, default=Path("docs/compare_mappers"), help="report path prefix")
+    parser.add_argument("--json", action="store_true", help="print only the JSON line")
+    args = parser.parse_args()
+    cells = [(f, d, s) for d in args.devices for f in args.families for s in args.stages if s <= d]
+    console = Console(stderr=True)
+    rows = []
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("mapping", total=len(cells))
+        for family, devices, stages in cells:
+            progress.update(task, description=f"{family}, {devices} devices, S={stages}")
+            rows.append(run_instance(args.model, family, devices, stages, args.time_limit, args.mcts_iterations))
+            progress.advance(task)
+    summary = summarise(rows)
+    report = markdown(summary, args)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(args.out.with_suffix(".md"), report)
+    plots = plot(summary, args.out)
+    if not args.json:
+        table = Table(title="median gap to bound / median time")
+        table.add_column("devices", justify="right")
+        table.add_column("exact proven", justify="right")
+        for mapper in MAPPERS:
+            table.add_column(mapper, justify="right")
+        for devices, row in summary.items():
+            table.add_row(str(devices), f"{row['proven']['count']}/{row['proven']['of']}",
+                          *(f"{100 * row[m]['median_gap']:.2f}% / {row[m]['median_time_s']:.3g} s" for m in MAPPERS))
+        Console().print(table)
+        Console().print(f"wrote {args.out.with_suffix('.md')}, {', '.join(plots)}")
+    print(json.dumps({"model": args.model, "time_limit_s": args.time_limit, "mcts_iterations": args.mcts_iterations,
+                      "summary": {str(k): v for k, v in summary.items()}, "instances": rows}))
+
+
+if __name__ == "__main__":
+    main()
