@@ -12,7 +12,8 @@ It measures :class:`tag.compiler.StrategyEvaluator` (what search calls, through
   where the default fill changes every group at once);
 - ``random``: independent random strategies (each group on its own random set of device groups).
 
-Per workload: ``evals_per_s`` with a fresh evaluator (every new (group, layout) and (pair, layouts)
+Per workload: ``evals_per_s`` (and ``evals_per_cpu_s``, per second of the process's CPU time, steadier on a
+shared machine) with a fresh evaluator (every new (group, layout) and (pair, layouts)
 fragment is compiled on its first use, as in a search), ``warm_evals_per_s`` on a second pass (every
 fragment cached: the cost of the kernels alone), both with feedback (``--no-feedback`` to skip it). The
 compile path runs on a fresh Cluster object, its caches cold.
@@ -60,12 +61,13 @@ def uniform_sweep(num_groups: int, cluster, count: int, seed: int) -> list[Strat
                                   np.full(num_groups, options[a])) for a in picks]
 
 
-def measure(evaluator: StrategyEvaluator, strategies: list[Strategy], *, feedback: bool) -> float:
-    """Evaluations per second over ``strategies``."""
-    t0 = time.perf_counter()
+def measure(evaluator: StrategyEvaluator, strategies: list[Strategy], *, feedback: bool) -> tuple[float, float]:
+    """Evaluations per second over ``strategies``: per wall-clock second, and per second of this process's CPU
+    time (what one core would do; the steadier figure on a loaded machine)."""
+    t0, c0 = time.perf_counter(), time.process_time()
     for strategy in strategies:
         evaluator(strategy, feedback=feedback)
-    return len(strategies) / (time.perf_counter() - t0)
+    return len(strategies) / (time.perf_counter() - t0), len(strategies) / max(time.process_time() - c0, 1e-9)
 
 
 def measure_compile_path(group_graph, cluster_name: str, strategies, granularity: str, *, feedback: bool) -> dict:
@@ -105,7 +107,7 @@ def main() -> None:
     parser.add_argument("--groups", type=int, default=60)
     parser.add_argument("--strategies", type=int, default=200)
     parser.add_argument("--compare", type=int, default=10, help="strategies run through compile_strategy too")
-    parser.add_argument("--granularity", nargs="+", default=["group", "part"])
+    parser.add_argument("--granularity", nargs="+", default=["group", "merged", "part"])
     parser.add_argument("--workload", nargs="+", default=["search", "uniform", "random"],
                         choices=["search", "uniform", "random"])
     parser.add_argument("--no-feedback", dest="feedback", action="store_false", help="skip Table 1 feedback")
@@ -130,9 +132,11 @@ def main() -> None:
             evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, max_cached_tasks=30_000_000)
             result = evaluator(Strategy.data_parallel(g, cluster))  # tables; kernels compiled if not cached
             setup_s = time.perf_counter() - t0
+            cold, cold_cpu = measure(evaluator, strategies, feedback=args.feedback)
+            warm, warm_cpu = measure(evaluator, strategies, feedback=args.feedback)
             row = {"granularity": granularity, "workload": workload, "setup_s": setup_s,
-                   "evals_per_s": measure(evaluator, strategies, feedback=args.feedback),
-                   "warm_evals_per_s": measure(evaluator, strategies, feedback=args.feedback),
+                   "evals_per_s": cold, "warm_evals_per_s": warm, "evals_per_cpu_s": cold_cpu,
+                   "warm_evals_per_cpu_s": warm_cpu,
                    "tasks": float(np.mean([evaluator(s, feedback=False).start.size for s in strategies[:20]])),
                    "dp_time_s": result.iteration_time}
             row.update(measure_compile_path(group_graph, args.cluster, strategies[:args.compare], granularity,
@@ -141,10 +145,11 @@ def main() -> None:
     print(f"{args.model}: {graph.num_ops} ops -> {g} groups ({grouping_s:.2f} s), {cluster.name}: "
           f"{cluster.num_devices} devices, {args.strategies} strategies per workload, one process, "
           f"feedback {'on' if args.feedback else 'off'}")
-    print(f"{'granularity':<12}{'workload':<9}{'evals/s':>9}{'warm/s':>9}{'tasks':>8}   "
+    print(f"{'granularity':<12}{'workload':<9}{'evals/s':>9}{'warm/s':>9}{'/cpu-s':>9}{'warm':>9}{'tasks':>8}   "
           f"{'compile_strategy+simulate_fast: evals/s':>40}")
     for r in rows:
         print(f"{r['granularity']:<12}{r['workload']:<9}{r['evals_per_s']:>9.1f}{r['warm_evals_per_s']:>9.1f}"
+              f"{r['evals_per_cpu_s']:>9.1f}{r['warm_evals_per_cpu_s']:>9.1f}"
               f"{r['tasks']:>8.0f}   {r['compile_path_evals_per_s']:>40.1f}")
     if args.profile:
         for granularity in args.granularity:

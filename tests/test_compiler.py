@@ -23,7 +23,16 @@ from tag.cost import CostModel
 from tag.graph import ROLE_BACKWARD, ROLE_FORWARD, ROLE_INPUT, ROLE_OPTIMIZER, OpGraph
 from tag.graph.resolve import resolve_model
 from tag.grouping import GroupGraph, group_ops
-from tag.sim import OOMError, TASK_COLLECTIVE, TASK_TRANSFER, simulate, simulate_fast
+from tag.sim import (
+    OOMError,
+    RES_COMM,
+    RES_NIC_IN,
+    RES_NIC_OUT,
+    TASK_COLLECTIVE,
+    TASK_TRANSFER,
+    simulate,
+    simulate_fast,
+)
 from tag.strategy import ALLREDUCE, DUPLICATE, MODEL_PARALLEL, PS, Strategy
 
 GB = 1e9
@@ -234,6 +243,30 @@ def test_data_parallel_inserts_only_allreduces(bert_tiny):
     assert "AllReduce" in text and "device(s) 0-15" in text
 
 
+def test_collectives_across_machines_hold_their_nics(bert_tiny):
+    """A collective whose members span machines holds their NICs (both ways), so p2p transfers over those NICs
+    queue with it; one inside a machine holds only the comm channels."""
+    gg, cluster = bert_tiny  # tag-testbed: machine 0 has devices 0-3, a 100 Gbps NIC per machine
+    row = np.zeros(cluster.num_device_groups, dtype=bool)
+    row[cluster.device_group[[0, 4]]] = True  # the NVLink machine and one 1080 Ti machine
+    strategy = Strategy.data_parallel(gg.num_groups, cluster).with_group(0, row, ALLREDUCE)
+    tg = compile_strategy(gg, strategy, cluster).taskgraph
+    collectives = np.flatnonzero(tg.kind == TASK_COLLECTIVE)
+    assert collectives.size
+    for task in collectives.tolist():
+        held = tg.resources(task)
+        members = tg.members(task)
+        machines = set(cluster.machine[members].tolist())
+        nics = held[(tg.resource_kind[held] == RES_NIC_OUT) | (tg.resource_kind[held] == RES_NIC_IN)]
+        assert sorted(tg.resource_a[nics].tolist()) == (sorted(list(machines) * 2) if len(machines) > 1 else [])
+        assert (tg.resource_kind[held[~np.isin(held, nics)]] == RES_COMM).all()
+    result = simulate_fast(tg)
+    for nic in np.flatnonzero(tg.resource_kind == RES_NIC_OUT).tolist():  # one task at a time on each NIC
+        holders = np.flatnonzero([nic in tg.resources(t) for t in range(tg.num_tasks)])
+        order = holders[np.argsort(result.start[holders], kind="stable")]
+        assert (result.start[order][1:] >= result.finish[order][:-1]).all()
+
+
 def test_fusion_merges_gradient_allreduces_into_buckets(bert_tiny):
     gg, cluster = bert_tiny
     strategy = Strategy.data_parallel(gg.num_groups, cluster)
@@ -283,7 +316,7 @@ def test_checker_accepts_random_strategies(model, cluster_name):
     gg = group_ops(graph, num_groups=40, gpus=cluster)
     for k in range(13):
         strategy = random_strategy(gg.num_groups, cluster, seed=k, p_place=(0.25, 0.5, 0.8)[k % 3])
-        for granularity in ("group", "op") if k % 4 == 0 else ("group",):
+        for granularity in ("group", "merged", "op") if k % 4 == 0 else ("group",):
             check_compiled(compile_strategy(gg, strategy, cluster, granularity=granularity))
 
 
@@ -342,7 +375,7 @@ def assert_same_result(got, expected):
         np.testing.assert_allclose(b, a, rtol=1e-12, atol=1e-15, err_msg=name)
 
 
-@pytest.mark.parametrize("granularity", ["group", "part"])
+@pytest.mark.parametrize("granularity", ["group", "merged", "part"])
 @pytest.mark.parametrize("model, cluster_name", [
     ("bert-large", "tag-testbed"), ("dlrm", "tag-cloud"), ("resnet101", "tag-random:seed=3"),
     ("vgg19", "dgx1x4"),  # device groups smaller than machines
@@ -369,6 +402,26 @@ def test_evaluator_equals_compile_then_simulate_fast(model, cluster_name, granul
         expected = simulate_fast(compile_strategy(gg, strategy, cluster, granularity=granularity).taskgraph)
         assert_same_result(cold, expected)
         assert_same_result(evaluator(strategy), expected)
+
+
+def test_merged_granularity_runs_the_chunks_of_each_part_as_one_task(bert_tiny):
+    """``merged``: group granularity's chunks, one task per part and replica, with lags; both simulators
+    agree on it task for task, and the plan's records point at the merged tasks."""
+    gg, cluster = bert_tiny
+    for k in range(3):
+        strategy = random_strategy(gg.num_groups, cluster, seed=k)
+        chunks = compile_strategy(gg, strategy, cluster, granularity="group")
+        merged = compile_strategy(gg, strategy, cluster, granularity="merged")
+        kinds = np.bincount(merged.taskgraph.kind, minlength=3)
+        assert (kinds[1:] == np.bincount(chunks.taskgraph.kind, minlength=3)[1:]).all()  # communication as is
+        assert kinds[0] < np.bincount(chunks.taskgraph.kind, minlength=3)[0]
+        assert merged.taskgraph.duration.sum() == pytest.approx(chunks.taskgraph.duration.sum())
+        reference, fast = simulate(merged.taskgraph), simulate_fast(merged.taskgraph)
+        np.testing.assert_array_equal(fast.start, reference.start)
+        np.testing.assert_allclose(fast.peak_memory, reference.peak_memory, rtol=1e-12)
+        assert fast.iteration_time == pytest.approx(chunks.simulate().iteration_time, rel=0.1)
+        for op in merged.inserted:
+            assert all(merged.taskgraph.kind[t] != 0 for t in op.tasks)
 
 
 def test_evaluator_cache_bound_and_entry_points(bert_tiny):
@@ -416,19 +469,24 @@ STRATEGIES_PER_CASE = 23  # 3 models x 3 clusters x 23 = 207 strategies
 def test_fast_path_agrees_with_reference():
     """What search runs (:func:`evaluate_strategy`: group granularity, the fast path, equal bit for bit to
     compiling with compile_strategy and running simulate_fast) against the event-driven reference at op
-    granularity, on 207 seeded random strategies (3 full-size small models x 3 clusters).
+    granularity, on 207 seeded random strategies (3 full-size small models x 3 clusters); and the same for
+    ``merged`` granularity (group granularity's chunks run as one task per part, with lags).
 
-    95 % agree within 3 % (84 % within 1 %, median 0.04 %, 95th percentile 3.0 %, max 17 %). The rest are
-    list-scheduling anomalies of the FIFO queues, not modelling differences: both granularities do the same
+    Group: 98.6 % agree within 3 % (84 % within 1 %, median 0.18 %, 95th percentile 1.9 %, max 5.7 %).
+    Merged: 96.1 % (77 % within 1 %, median 0.40 %, 95th percentile 2.5 %, max 8.3 %). The rest are
+    list-scheduling anomalies of the FIFO queues, not modelling differences: every granularity does the same
     work on the same resources (same bytes per link, same collective and compute seconds), but a strict
-    FIFO is discontinuous in ready times. When a transfer becomes ready a few milliseconds later (at op level
+    FIFO is discontinuous in ready times: when a transfer becomes ready a few milliseconds later (at op level
     its producer shares the device with other groups' ops; at group level the ops between two boundary
-    tensors run as one task), it can queue behind seconds of another transfer on a shared NIC, or two
-    collectives over overlapping devices pack in the other order. The reference shows the same jumps by
-    itself: perturbing its task durations by 0.1 % moves some iterations by 4 %. Only op granularity
-    removes them entirely.
+    tensors run as one task), it can queue behind another transfer on a shared NIC, or two collectives over
+    overlapping devices pack in the other order. Before collectives across machines held their NICs, a
+    collective and the p2p transfers it should have competed with overlapped freely, and those jumps were
+    larger (94.7 % within 3 %, max 17 %; median 0.04 %). Merging the chunks of a part takes away the other
+    tasks' chances to run between them, which moves more strategies by a little (the same worst cases, a
+    wider middle); cutting merged tasks at 0.5 ms does not help, so it is the reordering itself, not long
+    tasks. Only op granularity removes them entirely.
     """
-    errors = []
+    errors = {"group": [], "merged": []}
     for m, model in enumerate(AGREEMENT_MODELS):
         graph = resolve_model(model)
         for c, name in enumerate(AGREEMENT_CLUSTERS):
@@ -436,13 +494,18 @@ def test_fast_path_agrees_with_reference():
             gg = group_ops(graph, num_groups=60, gpus=cluster)
             for k in range(STRATEGIES_PER_CASE):
                 strategy = random_strategy(gg.num_groups, cluster, seed=10000 * m + 1000 * c + k)
-                fast = evaluate_strategy(gg, strategy, cluster, feedback=False)
                 reference = simulate(compile_strategy(gg, strategy, cluster, granularity="op").taskgraph,
                                      feedback=False)
-                errors.append(fast.iteration_time / reference.iteration_time - 1)
-    errors = np.abs(errors)
-    assert len(errors) >= 200
-    assert (errors <= 0.03).mean() >= 0.92, f"only {(errors <= 0.03).mean():.1%} within 3 %"
-    assert np.median(errors) <= 0.002
-    assert np.quantile(errors, 0.95) <= 0.05
-    assert errors.max() <= 0.25
+                for granularity, found in errors.items():
+                    fast = evaluate_strategy(gg, strategy, cluster, granularity=granularity, feedback=False)
+                    found.append(fast.iteration_time / reference.iteration_time - 1)
+    # (within 3 %, median, 95th percentile, max) bounds, a little above what each achieves
+    bounds = {"group": (0.98, 0.0025, 0.025, 0.07), "merged": (0.95, 0.005, 0.035, 0.1)}
+    for granularity, found in errors.items():
+        found = np.abs(found)
+        within, median, p95, worst = bounds[granularity]
+        assert len(found) >= 200
+        assert (found <= 0.03).mean() >= within, f"{granularity}: only {(found <= 0.03).mean():.1%} within 3 %"
+        assert np.median(found) <= median, granularity
+        assert np.quantile(found, 0.95) <= p95, granularity
+        assert found.max() <= worst, granularity

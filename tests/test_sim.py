@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -24,6 +25,7 @@ from tag.sim import (
     device_schedule,
     format_schedule,
     gantt,
+    merge_taskgraph,
     random_taskgraph,
     simulate,
     simulate_fast,
@@ -320,6 +322,115 @@ def test_errors_are_graph_errors():
     assert issubclass(TaskGraphError, GraphError) and issubclass(OOMError, TagError)
 
 
+# ------------------------------------------------------------------------------------------- merged chunks
+
+
+def _merged_example():
+    """Chunks a1 (1 s) and a2 (2 s) of one part on device 0; a2 reads what x (1.5 s on device 1) sends over a
+    1 GB/s link (1 s); a1's output goes to device 1 (1 s) for b (1 s)."""
+    builder = TaskGraphBuilder(make_cluster([0, 0], bandwidth=1 * GB))
+    a1 = builder.compute(0, 1.0, name="a1")
+    x = builder.compute(1, 1.5, name="x")
+    t_in = builder.transfer(1, 0, 1 * GB, deps=[x], name="t_in")
+    a2 = builder.compute(0, 2.0, deps=[a1, t_in], name="a2")
+    t_out = builder.transfer(0, 1, 1 * GB, deps=[a1], name="t_out")
+    b = builder.compute(1, 1.0, deps=[t_out], name="b")
+    builder.tensor(0, 1, producer=a1, consumers=[t_out])
+    builder.tensor(0, 2, producer=a2)
+    builder.tensor(1, 8, producer=x, consumers=[t_in])
+    builder.tensor(0, 4, producer=t_in, consumers=[a2])
+    builder.tensor(1, 16, producer=t_out, consumers=[b])
+    tg = builder.build()
+    key = np.full(tg.num_tasks, -1)
+    key[[a1, a2]] = 0
+    return tg, key
+
+
+def test_merged_chunks_by_hand(sim):
+    tg, key = _merged_example()
+    merged, new_id = merge_taskgraph(tg, key)
+    assert merged.num_tasks == tg.num_tasks - 1 and new_id[0] == new_id[3]  # a1 and a2 are one task
+    a, x, t_in, t_out, b = new_id[[0, 1, 2, 4, 5]]
+    result = sim(merged)
+    # a2 starts 1 s into the merged task and reads t_in (arriving at 2.5 s): the task runs [1.5, 4.5), as the
+    # two chunks end at op level; t_out leaves when a1 ends inside it (2.5 s) instead of at 1 s
+    expected = {a: (1.5, 4.5), x: (0.0, 1.5), t_in: (1.5, 2.5), t_out: (2.5, 3.5), b: (3.5, 4.5)}
+    for task, (start, finish) in expected.items():
+        assert (result.start[task], result.finish[task]) == pytest.approx((start, finish)), merged.names[task]
+    # device 0: t_in's 4 B from 1.5 to 4.5, a1's 1 B from 1.5 until t_out is done (3.5), a2's 2 B from 2.5:
+    # 7 B in [2.5, 3.5); device 1: x's 8 B until t_in ends (2.5), then t_out's 16 B
+    np.testing.assert_array_equal(result.peak_memory, [7.0, 16.0])
+    assert sim(tg).iteration_time == result.iteration_time == 4.5  # the chunks alone end at 4.5 s too
+
+
+def test_merging_nothing_changes_nothing(sim):
+    tg = random_taskgraph(tag_random(seed=4, machines=2), 60, seed=4, tie_fraction=0.5)
+    merged, new_id = merge_taskgraph(tg, np.full(tg.num_tasks, -1))
+    np.testing.assert_array_equal(new_id, np.arange(tg.num_tasks))
+    a, b = sim(tg), sim(merged)
+    np.testing.assert_array_equal(a.start, b.start)
+    np.testing.assert_array_equal(a.peak_memory, b.peak_memory)
+
+
+def _chains(tg, rng):
+    """Merge keys [T]: chains of compute tasks on one device, ids ascending, each the direct predecessor of the
+    next and on no other path to it (so the merged graph stays acyclic)."""
+    order = tg.topological_order.tolist()
+    ancestors = [set() for _ in range(tg.num_tasks)]
+    for t in order:
+        for p in tg.predecessors(t).tolist():
+            ancestors[t] |= ancestors[p] | {p}
+    key = np.full(tg.num_tasks, -1)
+    last = {}  # chain key -> its last task
+    for t in order:
+        if tg.kind[t] != 0 or rng.random() < 0.1:
+            continue
+        for p in tg.predecessors(t).tolist():
+            k = key[p]
+            if (k >= 0 and last.get(k) == p and p < t and tg.device[p] == tg.device[t]
+                    and not any(ancestors[q] & {u for u in range(tg.num_tasks) if key[u] == k}
+                                for q in tg.predecessors(t).tolist() if q != p)):
+                key[t] = k
+                last[k] = t
+                break
+        else:
+            key[t] = len(last)
+            last[key[t]] = t
+    return key
+
+
+@pytest.mark.parametrize("case", range(3))
+def test_fast_path_matches_reference_on_merged_graphs(case):
+    """Random graphs with chains of compute tasks merged (outputs released and inputs awaited inside tasks):
+    the fast path still equals the event-driven reference, task for task."""
+    rng = np.random.default_rng(case)
+    merged_some = 0
+    for seed in range(25):
+        tg = random_taskgraph(tag_random(seed=300 * case + seed, machines=2), 80, seed=seed,
+                              tie_fraction=(0.2, 0.6, 0.0)[case], p_transfer=0.2, p_collective=0.05)
+        merged, new_id = merge_taskgraph(tg, _chains(tg, rng))
+        merged_some += tg.num_tasks - merged.num_tasks
+        reference, fast = simulate(merged), simulate_fast(merged)
+        np.testing.assert_array_equal(fast.start, reference.start)
+        np.testing.assert_array_equal(fast.finish, reference.finish)
+        np.testing.assert_allclose(fast.peak_memory, reference.peak_memory, rtol=1e-12)
+        for name, a, b in zip(reference.feedback._fields, reference.feedback, fast.feedback):
+            np.testing.assert_allclose(b, a, rtol=1e-9, err_msg=name)
+        for task in range(merged.num_tasks):  # every dependency met at its lag
+            lags = merged.lags.dep[merged.dep_ptr[task]:merged.dep_ptr[task + 1]]
+            for dep, lag in zip(merged.predecessors(task).tolist(), lags.tolist()):
+                assert fast.start[task] >= fast.start[dep] + lag
+    assert merged_some >= 50  # tasks merged away over the 25 graphs
+
+
+def test_bad_lags_are_refused():
+    tg, _ = _merged_example()
+    with pytest.raises(ValueError, match="dep_lag"):
+        dataclasses.replace(tg, dep_lag=np.zeros(3))
+    with pytest.raises(ValueError, match="outside"):
+        dataclasses.replace(tg, dep_lag=tg.duration[tg.dep] + 1.0)
+
+
 # ------------------------------------------------------------------------------------------- fast == reference
 
 _RANDOM_CASES = [  # (tasks, machines, tie_fraction, p_transfer, p_collective)
@@ -367,8 +478,9 @@ def test_random_graph_respects_dependencies_and_resources():
 
 def test_radix_order_is_a_stable_sort():
     rng = np.random.default_rng(0)
+    near = 1.0 + rng.integers(-50, 50, 200) * 1e-13  # distinct times that round to one float32
     times = np.concatenate([rng.random(700) * 10, np.round(rng.random(700) * 10, 1), np.zeros(30), [-0.0] * 5,
-                            [5e-324, 1e-300, 1e300, 3.0, 3.0]])
+                            [5e-324, 1e-300, 1e300, 3.0, 3.0], near])
     rng.shuffle(times)
     order = kernels._radix_order(times)
     np.testing.assert_array_equal(order, np.argsort(times + 0.0, kind="stable"))
@@ -379,18 +491,22 @@ def test_radix_order_is_a_stable_sort():
 def test_kernels_agree_with_their_python_source():
     """The fallback without numba runs the same source; check that the source alone gives the same schedule."""
     tg = random_taskgraph(tag_random(seed=2, machines=2), 150, seed=2, tie_fraction=0.6)
-    args = (tg.duration, tg.res_ptr, tg.res, tg.succ_ptr, tg.succ, np.diff(tg.dep_ptr), tg.num_resources)
+    args = (tg.duration, tg.res_ptr, tg.res, tg.succ_ptr, tg.succ, tg.succ_lag, np.diff(tg.dep_ptr), tg.num_resources)
     start, finish = kernels.list_schedule(*args)
     start_py, finish_py = kernels.list_schedule.py_func(*args)
     np.testing.assert_array_equal(start, start_py)
     np.testing.assert_array_equal(finish, finish_py)
     dep_task = np.repeat(np.arange(tg.num_tasks), np.diff(tg.dep_ptr))
-    doubled = (np.concatenate([dep_task, dep_task[:10]]), np.concatenate([tg.dep, tg.dep[:10]]))  # duplicates
+    lag = tg.duration[tg.dep]
+    doubled = (np.concatenate([dep_task, dep_task[:10]]), np.concatenate([tg.dep, tg.dep[:10]]),
+               np.concatenate([lag, lag[:10] / 2]))  # duplicates, with smaller lags: the larger one is kept
     for got in (kernels.successors_csr(tg.num_tasks, *doubled), kernels.successors_csr.py_func(tg.num_tasks, *doubled)):
-        succ_ptr, succ, indegree = got
+        succ_ptr, succ, succ_lag, indegree = got
         np.testing.assert_array_equal(indegree, np.diff(tg.dep_ptr))
         for task in range(tg.num_tasks):
             assert sorted(succ[succ_ptr[task]:succ_ptr[task + 1]].tolist()) == tg.successors(task).tolist()
+        pred = np.repeat(np.arange(tg.num_tasks), np.diff(succ_ptr))
+        np.testing.assert_array_equal(succ_lag, tg.duration[pred])
 
 
 def test_without_numba_the_fast_path_still_matches_the_reference():

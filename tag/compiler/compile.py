@@ -29,13 +29,17 @@ whole tensor → anything, on a device        **Transfer** from the holder with 
 without a copy                              (ties rotate over the consumer devices)
 =========================================  ===============================================================
 
-A duplicated group's replicas compute the whole batch, so its gradients are whole and need no
-synchronisation. The ops of a model-parallel group are split over its devices by
+A collective whose devices span machines holds their NICs (both directions) besides its members' comm
+channels, so it queues with the p2p transfers crossing those NICs instead of overlapping them at full
+bandwidth (``COLLECTIVES_HOLD_NICS``). A duplicated group's replicas compute the whole batch, so its
+gradients are whole and need no synchronisation. The ops of a model-parallel group are split over its devices by
 :func:`tag.grouping.split_group` and its internal edges that cross devices become transfers.
 
 Granularity (:mod:`tag.compiler.tables`): ``"op"`` (one task per op per replica, the reference),
-``"group"`` (the fast path: each group's ops of one role cut at its boundary tensors) and ``"part"``
-(coarser: one task per group, role and sync level per replica). At ``"group"`` and ``"part"`` granularity
+``"group"`` (the fast path: each group's ops of one role cut at its boundary tensors), ``"merged"`` (those
+chunks merged back into one task per part and replica, their boundary instants kept as dependency lags:
+:func:`tag.sim.merge_taskgraph`; the plan's task ids are the merged ones) and ``"part"`` (coarser: one task
+per group, role and sync level per replica). At ``"group"`` and ``"part"`` granularity
 the transfers of one bundle (the tensors from one producer unit to one
 consumer group that the same consumer units read) between one pair of devices are one task lasting
 k·α + S/β for k tensors of S bytes in all, the sum of the k op-level transfers, and its collectives
@@ -68,6 +72,7 @@ from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.graph.opgraph import ROLE_OPTIMIZER
 from tag.grouping import GroupGraph
+from tag.sim.merge import merge_taskgraph, pairs_csr
 from tag.sim import (
     NO_TASK,
     RES_COMM,
@@ -105,6 +110,9 @@ DEFAULT_FUSION_BYTES = 25e6  # bucket size of the Horovod baseline (PyTorch DDP'
 _EMPTY = 1e-12  # batch overlaps shorter than this move nothing
 _MAX_CACHED_PLANS = 500_000  # bundle plans kept per (grouping, cluster) before the cache is emptied
 _COLLECTIVE_CODES = {"allreduce": 0, "ps": 1, "broadcast": 2, "allgather": 3}  # tag.sim.COLLECTIVES order
+# A collective across machines holds their NICs (both directions) for its duration, so it queues with the p2p
+# transfers crossing them (FIFO) instead of overlapping them at full bandwidth.
+COLLECTIVES_HOLD_NICS = True
 
 
 class InsertedOp(NamedTuple):
@@ -265,8 +273,9 @@ def compile_strategy(group_graph: GroupGraph, strategy: Strategy, cluster: Clust
     """Lower ``strategy`` for ``group_graph`` on ``cluster`` to a :class:`CompiledPlan` (module docstring).
 
     ``granularity``: ``"group"`` (one task per unit per replica, units cut at boundary tensors; what search
-    simulates with :func:`tag.sim.simulate_fast`, checked against the reference), ``"part"`` (coarser and
-    about 4x fewer tasks, less faithful) or ``"op"`` (one task per op per replica; the reference).
+    simulates with :func:`tag.sim.simulate_fast`, checked against the reference), ``"merged"`` (the units of
+    one part run as one task, with lags; about half the tasks), ``"part"`` (coarser and about 4x fewer
+    tasks, less faithful) or ``"op"`` (one task per op per replica; the reference).
     ``cost``: the cost model for op times (default: the one the grouping was made with). Everything that
     does not depend on the strategy is cached on ``group_graph`` and ``cluster`` (tables of units, uses
     and bundles; per-group layouts; per-bundle plans for each pair of layouts), so repeated calls with
@@ -800,7 +809,8 @@ class _Compiler:
             group_p, group_c, servers, reason = request.record
             task = self._task(TASK_COLLECTIVE, request.duration, request.devices[0], NO_TASK, request.nbytes,
                               _COLLECTIVE_CODES[request.op], group_c,
-                              tuple(self.num_devices + d for d in request.devices),
+                              tuple(self.num_devices + d for d in request.devices)
+                              + (self.context.collective_nics(request.devices) if COLLECTIVES_HOLD_NICS else ()),
                               f"{'AR' if request.op == 'allreduce' else 'PS'}{group_c}")
             for source, tensor in request.producers:
                 self.dep_task.append(task)
@@ -945,11 +955,11 @@ class _Compiler:
         resource_a = list(range(d)) * 2 + list(range(m)) * 2 + [a for (a, _), _ in links]
         resource_b = [-1] * (2 * d + 2 * m) + [b for (_, b), _ in links]
         num_tasks = len(self.kind)
-        dep_ptr, dep = _pairs_csr(self.dep_task, self.dep_on, num_tasks, num_tasks)
+        dep_ptr, dep, _ = pairs_csr(self.dep_task, self.dep_on, num_tasks, num_tasks)
         res_ptr, res = csr_from_lists(self.res)
-        consumer_ptr, consumer = _pairs_csr(self.read_tensor, self.read_task, len(self.tensor_device), num_tasks)
+        consumer_ptr, consumer, _ = pairs_csr(self.read_tensor, self.read_task, len(self.tensor_device), num_tasks)
         names = list(map("{}@{}#{}".format, self.labels, self.device, range(num_tasks)))
-        return TaskGraph(
+        taskgraph = TaskGraph(
             cluster=self.cluster, names=names, labels=self.labels, kind=np.array(self.kind, dtype=np.int8),
             duration=np.array(self.duration), device=np.array(self.device, dtype=np.int64),
             peer=np.array(self.peer, dtype=np.int64), nbytes=np.array(self.nbytes),
@@ -961,6 +971,30 @@ class _Compiler:
             tensor_persistent=np.array(self.tensor_persistent, dtype=bool), consumer_ptr=consumer_ptr,
             consumer=consumer, tensor_names=None, num_groups=num_groups,
         )
+        if self.tables.unit_part is None:
+            return taskgraph
+        taskgraph, new_id = merge_taskgraph(taskgraph, self._merge_keys(num_tasks))
+        self._renumber(new_id)
+        return taskgraph
+
+    def _merge_keys(self, num_tasks: int) -> np.ndarray:
+        """[T] merge key of each task (tag.sim.kernels.merge_chunks): part * D + device for the compute tasks
+        of replicated groups, -1 for every other task (model-parallel pieces, transfers, collectives)."""
+        key = np.full(num_tasks, -1, dtype=np.int64)
+        unit_part, num_units = self.tables.unit_part, self.tables.num_units
+        for unit, (first, offsets) in self.unit_tasks.items():
+            if unit < num_units:
+                part = int(unit_part[unit]) * self.num_devices
+                for device, k in offsets.items():
+                    key[first - self.first_task + k] = part + device
+        return key
+
+    def _renumber(self, new_id: np.ndarray) -> None:
+        """Task ids in what the plan records, after merging (``new_id`` [T] of each old task)."""
+        ids = new_id.tolist()
+        self.unit_tasks = {unit: (ids[first], offsets) for unit, (first, offsets) in self.unit_tasks.items()}
+        self.deliveries = [(ids[d[0]],) + tuple(d[1:]) for d in self.deliveries]
+        self.inserted = [op._replace(tasks=tuple(ids[t] for t in op.tasks)) for op in self.inserted]
 
 
 class _BundlePlan(NamedTuple):
@@ -1003,16 +1037,6 @@ def _gather_partials(pending: dict, holders: tuple, root: int, k: int, local: se
             local.add(root)
         else:
             _pend(pending, s, root, 1, k, 1.0, ("partial", k, s))
-
-
-def _pairs_csr(keys: list[int], values: list[int], size: int, stride: int) -> tuple[np.ndarray, np.ndarray]:
-    """(ptr [size+1], values) of the pairs (keys[k], values[k]) with keys < size and values < stride, duplicates
-    dropped, values ascending per key."""
-    stride = max(stride, 1)
-    pair = np.unique(np.array(keys, dtype=np.int64) * stride + np.array(values, dtype=np.int64))
-    ptr = np.zeros(size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(pair // stride, minlength=size), out=ptr[1:])
-    return ptr, pair % stride
 
 
 def _where(layout: GroupLayout) -> str:

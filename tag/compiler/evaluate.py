@@ -16,8 +16,17 @@ to the fragment (numbered [P's compute block | C's compute block | its own tasks
 built with numpy and the transfers between them by the compiled kernel :func:`_pair_transfers`, from the
 compiler's bundle skeletons (``_Compiler._skeleton``: which device sends which fraction of which category
 to which, shared by every bundle of a kind); model-parallel groups, their pairs and collectives go through
-the compiler's own Python (``_Compiler.group_fragment``, ``pair_fragment``, ``pair_collectives``). An
-evaluation looks up G + P fragment ids in dicts; then :func:`_assemble` lays the fragments out as
+the compiler's own Python (``_Compiler.group_fragment``, ``pair_fragment``, ``pair_collectives``).
+
+Fragments are stored with dependency and tensor lags (:class:`tag.sim.taskgraph.Lags`). At ``"merged"``
+granularity a group fragment's chunks are merged into one task per part and replica
+(:func:`tag.sim.kernels.merge_chunks`, as :func:`tag.sim.merge_taskgraph` merges compile_strategy's
+TaskGraph), and a pair fragment, built against the chunk tasks, is moved onto the merged ones
+(:meth:`StrategyEvaluator._localize_pair`: references renumbered, lags from where each chunk lies in its
+task). Merged tasks are numbered by their first chunk in both paths, so the layouts still match.
+
+An evaluation looks up the fragments of the groups whose row changed since the previous call and of the
+pairs touching them (search changes one group at a time); then :func:`_assemble` lays the fragments out as
 ``compile_strategy`` lays out its tasks (compute tasks group by group in topological order, every pair's
 transfers, every pair's collectives; links numbered by first use) and the kernels of
 :mod:`tag.sim.kernels` list-schedule them, sweep the memory and sum the feedback. The result equals
@@ -26,10 +35,10 @@ order of float sums), so what the tests prove of that path — agreement with th
 batch-row checker — holds for this one (tests/test_compiler.py).
 
 Cost (BERT-Large, 60 groups, tag-testbed's 16 GPUs, one core; ``scripts/bench_sim.py``): a strategy whose
-fragments are all cached costs the kernels alone, 2–4 ms at group granularity (about 20 k tasks) and about
-1 ms at part granularity; each new fragment adds 0.05–0.5 ms (several ms for a model-parallel group,
-whose METIS split is cached). Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is
-not available here.
+fragments are all cached costs the kernels alone, about 4 ms at group granularity (about 20 k tasks),
+3 ms merged (10 k tasks) and 1.5 ms at part granularity; each new fragment adds 0.05–0.5 ms (about 1 ms
+for a pair with a model-parallel side, built in Python). Horovod fusion (``fusion_bytes``) merges
+collectives across pairs, so it is not available here.
 """
 
 from __future__ import annotations
@@ -41,7 +50,7 @@ import numpy as np
 from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.grouping import GroupGraph
-from tag.sim.kernels import _jit, list_schedule, successors_csr, tensor_lifetimes, transient_peaks
+from tag.sim.kernels import _jit, list_schedule, merge_chunks, successors_csr, tensor_lifetimes, transient_peaks
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
 from tag.sim.taskgraph import RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_TRANSFER
 from tag.strategy import BATCH_SPLITS, Strategy, device_group_sizes
@@ -95,6 +104,8 @@ class _Arena(_Columns):
     def __init__(self) -> None:
         super().__init__({
             "duration": (np.float64, "task"), "kind": (np.int8, "task"), "group": (np.int32, "task"),
+            "dep_lag": (np.float64, "dep"), "alloc_lag": (np.float64, "tensor"), "free_lag": (np.float64, "tensor"),
+            "read_lag": (np.float64, "read"),
             "nres": (np.int32, "task"), "res": (np.int32, "res"), "dep_task": (np.int32, "dep"),
             "dep_on": (np.int32, "dep"), "tensor_device": (np.int32, "tensor"),
             "tensor_bytes": (np.float64, "tensor"), "tensor_producer": (np.int32, "tensor"),
@@ -170,20 +181,29 @@ class _Assembled(NamedTuple):
     link_dense: np.ndarray  # [L] src * D + dst of each link resource, in resource order
     dep_task: np.ndarray  # [E] waits for dep_on
     dep_on: np.ndarray  # [E]
+    dep_lag: np.ndarray  # [E] seconds after dep_on starts at which the dependency is met (lags: all empty
+    #                      where no chunks are merged, every dependency and tensor then ordinary)
     tensor_device: np.ndarray  # [N]
     tensor_bytes: np.ndarray  # [N]
     tensor_producer: np.ndarray  # [N] task or -1
+    alloc_lag: np.ndarray  # [N] seconds after its producer starts at which the tensor is allocated
+    free_lag: np.ndarray  # [N] ... at which its producer is done with it
     tensor_persistent: np.ndarray  # [N] bool
     read_tensor: np.ndarray  # [K]
     read_task: np.ndarray  # [K]
+    read_lag: np.ndarray  # [K] seconds after read_task starts at which it is done with the tensor
 
 
 class _GroupBlock(NamedTuple):
     """A group fragment's compute block, as pair fragments refer to it. R replicas."""
 
     layout: GroupLayout
-    tasks: int  # compute tasks
+    tasks: int  # compute tasks, one per chunk (unit) and replica, as pair fragments are built against them
     tensors: int  # their output tensors (numbered first; the persistent ones follow)
+    merged: int  # tasks once the chunks of each part are merged (what the arena stores)
+    new_id: np.ndarray  # [tasks] merged task of each chunk task
+    start_lag: np.ndarray  # [tasks] where each chunk task starts inside its merged task (seconds)
+    end_lag: np.ndarray  # [tasks] where it ends
     devices: np.ndarray | None  # [R] (None: model-parallel, compiled by the Python path only)
     index: np.ndarray | None  # [D] replica of each device, -1
     tensor_first: np.ndarray | None  # [units of the group] first output tensor of each unit, -1 if none
@@ -218,6 +238,11 @@ class StrategyEvaluator:
         self._pair_p = np.array([p for p, _ in pairs], dtype=np.int64)  # [P]
         self._pair_c = np.array([c for _, c in pairs], dtype=np.int64)  # [P]
         self._group_order = self.tables.group_order.astype(np.int64)  # [G]
+        group_pairs: list[list[int]] = [[] for _ in range(group_graph.num_groups)]
+        for k, (p, c) in enumerate(pairs):
+            group_pairs[p].append(k)
+            group_pairs[c].append(k)
+        self._group_pairs = [np.array(ks, dtype=np.int64) for ks in group_pairs]  # [G] pairs touching each group
         d, m = cluster.num_devices, cluster.num_machines
         self._link_base = 2 * d + 2 * m
         self._fixed_resources = np.array([RES_COMPUTE] * d + [RES_COMM] * d + [RES_NIC_OUT] * m + [RES_NIC_IN] * m,
@@ -234,6 +259,8 @@ class StrategyEvaluator:
         self._unit_position = np.zeros(self.tables.num_units, dtype=np.int64)  # [U] index among its group's units
         for units in self.tables.group_units:
             self._unit_position[units] = np.arange(units.size)
+        unit_part = self.tables.unit_part
+        self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * d
         self._pair_static: dict[tuple[int, int], tuple] = {}
         self._local_pair_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         self._clear()
@@ -244,6 +271,8 @@ class StrategyEvaluator:
         self._pair_fragments: dict[tuple[int, int], int] = {}  # (group fragment of P, of C) -> id
         self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
         self._skeletons = _Skeletons(self.cluster.num_devices)
+        self._last_ids: tuple[np.ndarray | None, np.ndarray | None] = (None, None)  # ([G] group, [P] pair fragments)
+        self._last_groups: tuple | None = None  # ([G] row codes, [G] options, batch split, [G] group fragments)
 
     # ------------------------------------------------------------------ evaluation
     def __call__(self, strategy: Strategy, *, feedback: bool = True, raise_on_oom: bool = False) -> SimulationResult:
@@ -259,14 +288,15 @@ class StrategyEvaluator:
         pair_ids = self._pair_fragment_ids(group_ids)
         columns = self._assemble(group_ids, pair_ids)
         num_tasks = columns.duration.size
-        succ_ptr, succ, indegree = successors_csr(num_tasks, columns.dep_task, columns.dep_on)
+        succ_ptr, succ, succ_lag, indegree = successors_csr(num_tasks, columns.dep_task, columns.dep_on,
+                                                            columns.dep_lag)
         num_resources = self._link_base + columns.link_dense.size
-        start, finish = list_schedule(columns.duration, columns.res_ptr, columns.res, succ_ptr, succ, indegree,
-                                      num_resources)
+        start, finish = list_schedule(columns.duration, columns.res_ptr, columns.res, succ_ptr, succ, succ_lag,
+                                      indegree, num_resources)
         peak = self._peak_memory(columns, start, finish)
         return result_from_schedule(
             self.cluster, start, finish, peak,
-            lambda: self._feedback(columns, succ_ptr, succ, start, finish, peak) if feedback else None,
+            lambda: self._feedback(columns, succ_ptr, succ, succ_lag, start, finish, peak) if feedback else None,
             raise_on_oom=raise_on_oom)
 
     def _check(self, strategy: Strategy) -> None:
@@ -280,31 +310,56 @@ class StrategyEvaluator:
                                f"devices, but cluster {self.cluster.name!r} has {self._sizes.tolist()}")
 
     def _group_fragment_ids(self, strategy: Strategy) -> list[int]:
-        """[G] group fragment of each group under ``strategy`` (compiled on a miss)."""
-        if self._bits is None:  # more device groups than bits in an int64
-            codes = [row.tobytes() for row in strategy.placement]
-        else:
-            codes = (strategy.placement @ self._bits).tolist()  # [G] placement rows as bit sets
+        """[G] group fragment of each group under ``strategy`` (compiled on a miss); the groups whose row and
+        option equal the previous call's keep their fragment without a look-up."""
         split = BATCH_SPLITS.index(strategy.batch_split)
-        ids = []
-        for g, (code, option, cache) in enumerate(zip(codes, strategy.option.tolist(), self._group_fragments)):
-            key = (code, option, split)
+        options = strategy.option  # [G]
+        if self._bits is None:  # more device groups than bits in an int64: no shortcut
+            codes, code_array, stale = [row.tobytes() for row in strategy.placement], None, None
+        else:
+            code_array = strategy.placement @ self._bits  # [G] placement rows as bit sets
+            codes = code_array.tolist()
+            last = self._last_groups
+            stale = None if last is None or last[2] != split else \
+                np.flatnonzero((code_array != last[0]) | (options != last[1])).tolist()
+        ids = [0] * len(codes) if stale is None else list(self._last_groups[3])
+        option_list = options.tolist()
+        for g in range(len(codes)) if stale is None else stale:
+            cache = self._group_fragments[g]
+            key = (codes[g], option_list[g], split)
             fragment = cache.get(key)
             if fragment is None:
                 fragment = cache[key] = self._compile_group(group_layout(self.tables, self.context, strategy, g))
-            ids.append(fragment)
+            ids[g] = fragment
+        if code_array is not None:
+            self._last_groups = (code_array, options.copy(), split, ids)
         return ids
 
-    def _pair_fragment_ids(self, group_ids: list[int]) -> list[int]:
-        """[P] pair fragment of each pair of groups, given the groups' fragments (compiled on a miss)."""
+    def _pair_fragment_ids(self, group_ids: list[int]) -> np.ndarray:
+        """[P] pair fragment of each pair of groups, given the groups' fragments (compiled on a miss). Only the
+        pairs of groups whose fragment changed since the previous call are looked up (search changes a few
+        groups at a time)."""
         cache = self._pair_fragments
-        ids = []
-        for p, c in self._pairs:
+        groups = np.array(group_ids, dtype=np.int64)  # [G]
+        last_groups, ids = self._last_ids
+        if last_groups is None or ids is None:
+            stale = range(len(self._pairs))
+            ids = np.empty(len(self._pairs), dtype=np.int64)
+        else:
+            changed = np.flatnonzero(groups != last_groups)
+            if changed.size == 0:
+                return ids
+            stale = np.unique(np.concatenate([self._group_pairs[g] for g in changed.tolist()])).tolist()
+            ids = ids.copy()
+        pairs = self._pairs
+        for k in stale:
+            p, c = pairs[k]
             key = (group_ids[p], group_ids[c])
             fragment = cache.get(key)
             if fragment is None:
                 fragment = cache[key] = self._compile_pair(*key)
-            ids.append(fragment)
+            ids[k] = fragment
+        self._last_ids = (groups, ids)
         return ids
 
     # ------------------------------------------------------------------ fragments
@@ -315,17 +370,86 @@ class StrategyEvaluator:
         if layout.model_parallel:  # pieces by METIS: the compiler's own code
             compiler = self._compiler()
             block = compiler.group_fragment(layout)
-            fragment = self._store(compiler, (0, 0, 0, 0), len(compiler.kind))
-            self._block_of.append(_GroupBlock(layout, block[2], block[3], None, None, None, block))
+            rows = self._compiler_rows(compiler)
+            tasks = len(compiler.kind)
+            merged, new_id, start_lag, end_lag = self._merge_group(rows, np.full(tasks, -1, dtype=np.int64))
+            num_merged = len(merged["duration"])
+            fragment = self._arena.add(merged, (0, 0, 0, 0), num_merged)
+            self._block_of.append(_GroupBlock(layout, block[2], block[3], num_merged, new_id, start_lag, end_lag,
+                                              None, None, None, block))
             return fragment
         rows, tensor_first, compute_tensors = self._replica_rows(layout)
+        merged, new_id, start_lag, end_lag = self._merge_group(rows, rows.pop("merge_key"))
         tasks = len(rows["duration"])
-        fragment = self._arena.add(rows, (0, 0, 0, 0), tasks)
+        num_merged = len(merged["duration"])
+        fragment = self._arena.add(merged, (0, 0, 0, 0), num_merged)
         index = np.full(self.cluster.num_devices, -1, dtype=np.int64)
         index[list(layout.devices)] = np.arange(len(layout.devices))
-        self._block_of.append(_GroupBlock(layout, tasks, compute_tensors, np.array(layout.devices, dtype=np.int64),
-                                          index, tensor_first, None))
+        self._block_of.append(_GroupBlock(layout, tasks, compute_tensors, num_merged, new_id, start_lag, end_lag,
+                                          np.array(layout.devices, dtype=np.int64), index, tensor_first, None))
         return fragment
+
+    def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+        """A group fragment's rows with the chunks of each part merged (:func:`tag.sim.kernels.merge_chunks`,
+        as compile_strategy merges the whole TaskGraph) and lags on its dependencies, tensors and reads.
+        Returns (rows, merged task [T], start lag [T] and end lag [T] of each chunk task)."""
+        nres = np.asarray(rows["nres"], dtype=np.int64)
+        res_ptr = np.zeros(nres.size + 1, dtype=np.int64)
+        np.cumsum(nres, out=res_ptr[1:])
+        duration = np.asarray(rows["duration"], dtype=np.float64)
+        (new_id, start_lag, end_lag, _, m_duration, kind, group, m_res_ptr, res, dep_task, dep_on, dep_lag, producer,
+         alloc_lag, free_lag, read_task, read_lag) = merge_chunks(
+            merge_key, self._num_merge_keys, duration, np.asarray(rows["kind"], dtype=np.int8),
+            np.asarray(rows["group"], dtype=np.int64), res_ptr, np.asarray(rows["res"], dtype=np.int64),
+            np.asarray(rows["dep_task"], dtype=np.int64), np.asarray(rows["dep_on"], dtype=np.int64),
+            np.asarray(rows["tensor_producer"], dtype=np.int64), np.asarray(rows["read_tensor"], dtype=np.int64),
+            np.asarray(rows["read_task"], dtype=np.int64))
+        merged = {
+            "duration": m_duration, "kind": kind, "group": group, "nres": np.diff(m_res_ptr), "res": res,
+            "dep_task": dep_task, "dep_on": dep_on, "dep_lag": dep_lag, "tensor_device": rows["tensor_device"],
+            "tensor_bytes": rows["tensor_bytes"], "tensor_producer": producer, "alloc_lag": alloc_lag,
+            "free_lag": free_lag, "tensor_persistent": rows["tensor_persistent"], "read_tensor": rows["read_tensor"],
+            "read_task": read_task, "read_lag": read_lag,
+        }
+        return merged, new_id, start_lag, end_lag
+
+    def _localize_pair(self, rows: dict, block_p: _GroupBlock, block_c: _GroupBlock, same: bool) -> tuple[dict, tuple]:
+        """A pair fragment's rows, built against P's and C's chunk tasks, moved onto their merged tasks: task
+        references renumbered, lags computed (as :func:`tag.sim.kernels.merge_chunks` computes them), the
+        dependencies inside one merged task dropped. Returns (rows, blocks for the fragment table)."""
+        own = len(rows["duration"])
+        duration = np.asarray(rows["duration"], dtype=np.float64)
+        parts_new = [block_p.new_id]
+        starts = [block_p.start_lag]
+        ends = [block_p.end_lag]
+        base = block_p.merged
+        if not same:
+            parts_new.append(base + block_c.new_id)
+            starts.append(block_c.start_lag)
+            ends.append(block_c.end_lag)
+            base += block_c.merged
+        parts_new.append(base + np.arange(own))
+        starts.append(np.zeros(own))
+        ends.append(duration)
+        new_ref = np.concatenate(parts_new)  # [references] chunk-level reference -> merged reference
+        start_lag = np.concatenate(starts)
+        end_lag = np.concatenate(ends)
+        dep_task = np.asarray(rows["dep_task"], dtype=np.int64)
+        dep_on = np.asarray(rows["dep_on"], dtype=np.int64)
+        keep = new_ref[dep_task] != new_ref[dep_on]
+        dep_task, dep_on = dep_task[keep], dep_on[keep]
+        producer = np.asarray(rows["tensor_producer"], dtype=np.int64)
+        read_task = np.asarray(rows["read_task"], dtype=np.int64)
+        rows.update(
+            dep_task=new_ref[dep_task], dep_on=new_ref[dep_on],
+            dep_lag=np.maximum(0.0, end_lag[dep_on] - start_lag[dep_task]),
+            tensor_producer=np.where(producer >= 0, new_ref[np.maximum(producer, 0)], -1),
+            alloc_lag=np.where(producer >= 0, start_lag[np.maximum(producer, 0)], 0.0),
+            free_lag=np.where(producer >= 0, end_lag[np.maximum(producer, 0)], 0.0),
+            read_task=new_ref[read_task], read_lag=end_lag[read_task],
+        )
+        blocks = (block_p.merged, 0 if same else block_c.merged, block_p.tensors, 0 if same else block_c.tensors)
+        return rows, blocks
 
     def _replica_rows(self, layout: GroupLayout) -> tuple[dict, np.ndarray, int]:
         """The group fragment of a replicated layout, built with numpy exactly as ``_Compiler.group_fragment``
@@ -348,9 +472,13 @@ class StrategyEvaluator:
         dep_on = (src[:, None] * r + replica).reshape(-1)
         reads = has_out[src]
         tasks = units.size * r
+        if tables.unit_part is None:
+            merge_key = np.full(tasks, -1, dtype=np.int64)
+        else:
+            merge_key = (tables.unit_part[units][:, None] * self.cluster.num_devices + devices).reshape(-1)
         rows = {
             "duration": layout.durations.reshape(-1), "kind": np.zeros(tasks, dtype=np.int8),
-            "group": np.full(tasks, g),
+            "group": np.full(tasks, g), "merge_key": merge_key,
             "nres": np.ones(tasks, dtype=np.int64), "res": np.tile(devices, units.size),
             "dep_task": dep_task, "dep_on": dep_on,
             "tensor_device": np.concatenate([np.tile(devices, int(has_out.sum())), persistent_devices]),
@@ -394,15 +522,18 @@ class StrategyEvaluator:
         blocks = (block_p.tasks, 0 if same else block_c.tasks, block_p.tensors, 0 if same else block_c.tensors)
         compiler = self._compiler()
         if block_p.index is None or block_c.index is None:  # a model-parallel side: bundles by pieces, in Python
-            transfers = compiler.pair_fragment(block_p.layout, block_c.layout, self._block_dicts(fragment_p),
-                                               None if same else self._block_dicts(fragment_c))
-            fragment = self._store(compiler, blocks, transfers)
+            early = compiler.pair_fragment(block_p.layout, block_c.layout, self._block_dicts(fragment_p),
+                                           None if same else self._block_dicts(fragment_c))
+            rows = self._compiler_rows(compiler)
         else:
-            fragment = self._compiled_pair(compiler, fragment_p, fragment_c, same, blocks)
+            rows, early = self._compiled_pair(compiler, fragment_p, fragment_c, same, blocks)
+        rows, merged_blocks = self._localize_pair(rows, block_p, block_c, same)
+        fragment = self._arena.add(rows, merged_blocks, early)
         self._block_of.append(None)
         return fragment
 
-    def _compiled_pair(self, compiler: _Compiler, fragment_p: int, fragment_c: int, same: bool, blocks: tuple) -> int:
+    def _compiled_pair(self, compiler: _Compiler, fragment_p: int, fragment_c: int, same: bool,
+                       blocks: tuple) -> tuple[dict, int]:
         """A pair fragment of two replicated layouts: transfers by :func:`_pair_transfers`, collectives (few)
         by the compiler; the same fragment as ``_Compiler.pair_fragment``."""
         block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
@@ -411,11 +542,13 @@ class StrategyEvaluator:
         static = self._pair_static.get(pair)
         if static is None:
             static = self._pair_static[pair] = self._bundle_arrays(pair)
-        bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count = static
+        (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
+         representatives) = static
         compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
-        skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in bundles]
+        # a skeleton depends on a bundle only through its categories: one per kind of bundle
+        skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in representatives]
         store = self._skeletons
-        skeleton_ids = np.array([store.id_of(sk) for sk in skeletons], dtype=np.int64)
+        skeleton_ids = np.array([store.id_of(sk) for sk in skeletons], dtype=np.int64)[kind_of]  # [B]
         first_task, first_tensor = blocks[0] + blocks[1], blocks[2] + blocks[3]
         columns = _pair_transfers(
             unit, category, consumer_ptr, consumer, skeleton_ids, category_bytes, category_count,
@@ -445,7 +578,7 @@ class StrategyEvaluator:
             "read_tensor": np.concatenate([read_tensor, compiler.read_tensor]),
             "read_task": np.concatenate([read_task, compiler.read_task]),
         }
-        return self._arena.add(rows, blocks, transfers)
+        return rows, transfers
 
     def _bundle_arrays(self, pair: tuple[int, int]) -> tuple:
         """The static bundles of a pair of groups as arrays for :func:`_pair_transfers`: (bundles, producer
@@ -462,11 +595,17 @@ class StrategyEvaluator:
         consumer = np.array([position[u] for b in bundles for u in b.consumer_units], dtype=np.int64)
         category_bytes = np.array([x for b in bundles for x in b.nbytes], dtype=np.float64)
         category_count = np.array([x for b in bundles for x in b.count], dtype=np.int64)
-        return bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count
+        kinds: dict[tuple, int] = {}
+        kind_of = np.array([kinds.setdefault((b.pclass, b.demand, b.producer_device), len(kinds)) for b in bundles],
+                           dtype=np.int64)  # [B]
+        representatives = [bundles[int(np.argmax(kind_of == k))] for k in range(len(kinds))]
+        return (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
+                representatives)
 
-    def _store(self, compiler: _Compiler, blocks: tuple[int, int, int, int], early: int) -> int:
-        """The compiler's columns (its own tasks and tensors) and its references."""
-        rows = {
+    @staticmethod
+    def _compiler_rows(compiler: _Compiler) -> dict:
+        """The compiler's columns (its own tasks and tensors) and its references, as fragment rows."""
+        return {
             "duration": compiler.duration, "kind": compiler.kind, "group": compiler.group,
             "nres": [len(r) for r in compiler.res], "res": [r for held in compiler.res for r in held],
             "dep_task": compiler.dep_task, "dep_on": compiler.dep_on, "tensor_device": compiler.tensor_device,
@@ -474,17 +613,17 @@ class StrategyEvaluator:
             "tensor_persistent": compiler.tensor_persistent, "read_tensor": compiler.read_tensor,
             "read_task": compiler.read_task,
         }
-        return self._arena.add(rows, blocks, early)
 
     # ------------------------------------------------------------------ assembly, memory, feedback
-    def _assemble(self, group_ids: list[int], pair_ids: list[int]) -> _Assembled:
+    def _assemble(self, group_ids: list[int], pair_ids: np.ndarray) -> _Assembled:
         arena = self._arena
+        view = arena.view
         out = _assemble(arena.meta[:arena.num_fragments], self._group_order, np.array(group_ids, dtype=np.int64),
-                        np.array(pair_ids, dtype=np.int64), self._pair_p, self._pair_c,
-                        arena.view("duration"), arena.view("kind"), arena.view("group"), arena.view("nres"),
-                        arena.view("res"), arena.view("dep_task"), arena.view("dep_on"), arena.view("tensor_device"),
-                        arena.view("tensor_bytes"), arena.view("tensor_producer"), arena.view("tensor_persistent"),
-                        arena.view("read_tensor"), arena.view("read_task"), self._link_base,
+                        np.asarray(pair_ids, dtype=np.int64), self._pair_p, self._pair_c, view("duration"),
+                        view("kind"), view("group"), view("nres"), view("res"), view("dep_task"), view("dep_on"),
+                        view("dep_lag"), view("tensor_device"), view("tensor_bytes"), view("tensor_producer"),
+                        view("alloc_lag"), view("free_lag"), view("tensor_persistent"), view("read_tensor"),
+                        view("read_task"), view("read_lag"), self.tables.unit_part is not None, self._link_base,
                         self.cluster.num_devices)
         return _Assembled(*out)
 
@@ -492,13 +631,14 @@ class StrategyEvaluator:
         d = self.cluster.num_devices
         persistent = columns.tensor_persistent
         peak = np.bincount(columns.tensor_device[persistent], weights=columns.tensor_bytes[persistent], minlength=d)
-        alloc, free = tensor_lifetimes(columns.tensor_producer, columns.read_tensor, columns.read_task, start, finish)
+        alloc, free = tensor_lifetimes(columns.tensor_producer, columns.alloc_lag, columns.free_lag,
+                                       columns.read_tensor, columns.read_task, columns.read_lag, start, finish)
         transient = ~persistent
         return peak + transient_peaks(d, columns.tensor_device[transient], columns.tensor_bytes[transient],
                                       alloc[transient], free[transient])
 
-    def _feedback(self, columns: _Assembled, succ_ptr: np.ndarray, succ: np.ndarray, start: np.ndarray,
-                  finish: np.ndarray, peak: np.ndarray):
+    def _feedback(self, columns: _Assembled, succ_ptr: np.ndarray, succ: np.ndarray, succ_lag: np.ndarray,
+                  start: np.ndarray, finish: np.ndarray, peak: np.ndarray):
         d = self.cluster.num_devices
         links = columns.link_dense.size
         resource_kind = np.concatenate([self._fixed_resources, np.full(links, RES_LINK, dtype=np.int8)])
@@ -507,7 +647,7 @@ class StrategyEvaluator:
         edge_pred = np.repeat(np.arange(columns.duration.size), np.diff(succ_ptr))
         return feedback_from_columns(self.cluster, self.group_graph.num_groups, columns.group, columns.kind,
                                      columns.duration, columns.res_ptr, columns.res, resource_kind, resource_a,
-                                     resource_b, succ, edge_pred, start, finish, peak)
+                                     resource_b, succ, edge_pred, succ_lag, start, finish, peak)
 
 
 # ------------------------------------------------------------------------------------------------ the kernel
@@ -515,8 +655,9 @@ class StrategyEvaluator:
 
 @_jit
 def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, a_duration, a_kind, a_group,
-              a_nres, a_res, a_dep_task, a_dep_on, a_tensor_device, a_tensor_bytes, a_tensor_producer,
-              a_tensor_persistent, a_read_tensor, a_read_task, link_base, num_devices):
+              a_nres, a_res, a_dep_task, a_dep_on, a_dep_lag, a_tensor_device, a_tensor_bytes, a_tensor_producer,
+              a_alloc_lag, a_free_lag, a_tensor_persistent, a_read_tensor, a_read_task, a_read_lag, lagged, link_base,
+              num_devices):
     """Global columns (see :class:`_Assembled`) of the fragments ``group_fragment`` [G] (indexed by group)
     and ``pair_fragment`` [P] (pairs pair_p [P] -> pair_c [P]), laid out as compile_strategy lays out its
     tasks: compute blocks in ``group_order``, then the pairs' early tasks, then their late tasks."""
@@ -597,6 +738,11 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
 
     dep_task = np.empty(num_deps, dtype=np.int64)
     dep_on = np.empty(num_deps, dtype=np.int64)
+    # lags only where chunks are merged (otherwise empty: every dependency and tensor is ordinary)
+    dep_lag = np.empty(num_deps if lagged else 0)
+    read_lag = np.empty(num_reads if lagged else 0)
+    alloc_lag = np.empty(tensors if lagged else 0)
+    free_lag = np.empty(tensors if lagged else 0)
     read_tensor = np.empty(num_reads, dtype=np.int64)
     read_task = np.empty(num_reads, dtype=np.int64)
     tensor_device = np.empty(tensors, dtype=np.int64)
@@ -619,11 +765,15 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
         for i in range(meta[f, _DEP0], meta[f, _DEP0] + meta[f, _DEPS]):
             dep_task[e] = _task_ref(a_dep_task[i], block_p, block_c, early, base_p, base_c, early_base[k], late_base[k])
             dep_on[e] = _task_ref(a_dep_on[i], block_p, block_c, early, base_p, base_c, early_base[k], late_base[k])
+            if lagged:
+                dep_lag[e] = a_dep_lag[i]
             e += 1
         for i in range(meta[f, _READ0], meta[f, _READ0] + meta[f, _READS]):
             read_task[q] = _task_ref(a_read_task[i], block_p, block_c, early, base_p, base_c, early_base[k],
                                      late_base[k])
             read_tensor[q] = _tensor_ref(a_read_tensor[i], tblock_p, tblock_c, tbase_p, tbase_c, tensor_base[k])
+            if lagged:
+                read_lag[q] = a_read_lag[i]
             q += 1
         for i in range(meta[f, _TENS]):
             n = tensor_base[k] + i
@@ -631,11 +781,14 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
             tensor_device[n] = a_tensor_device[a]
             tensor_bytes[n] = a_tensor_bytes[a]
             tensor_persistent[n] = a_tensor_persistent[a]
+            if lagged:
+                alloc_lag[n] = a_alloc_lag[a]
+                free_lag[n] = a_free_lag[a]
             producer = a_tensor_producer[a]
             tensor_producer[n] = -1 if producer < 0 else _task_ref(producer, block_p, block_c, early, base_p, base_c,
                                                                    early_base[k], late_base[k])
-    return (duration, kind, group, res_ptr, res, link_dense[:links].copy(), dep_task, dep_on, tensor_device,
-            tensor_bytes, tensor_producer, tensor_persistent, read_tensor, read_task)
+    return (duration, kind, group, res_ptr, res, link_dense[:links].copy(), dep_task, dep_on, dep_lag, tensor_device,
+            tensor_bytes, tensor_producer, alloc_lag, free_lag, tensor_persistent, read_tensor, read_task, read_lag)
 
 
 @_jit

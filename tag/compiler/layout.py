@@ -96,6 +96,13 @@ class ClusterContext:
             found = self._offsets[devices] = {d: k for k, d in enumerate(devices)}
         return found
 
+    def collective_nics(self, devices: tuple[int, ...]) -> tuple[int, ...]:
+        """The NIC resources (both directions, sorted) of the machines of a collective over ``devices`` that
+        spans machines: its ring or its parameter server's traffic crosses them, as p2p transfers do."""
+        if len({self.machine[d] for d in devices}) < 2:
+            return ()
+        return tuple(sorted({r for d in devices for r in (self.nic_out[d], self.nic_in[d]) if r >= 0}))
+
     def ring(self, devices: tuple[int, ...]) -> tuple[float, float]:
         """(slowest hop bandwidth, largest hop latency) of a ring over ``devices`` in order."""
         found = self.rings.get(devices)

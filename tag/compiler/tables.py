@@ -14,6 +14,12 @@ granularity, so :func:`compiler_tables` builds it once and caches it on the Grou
   back into the same unit, a cycle. Readiness separates the ops whose inputs are all input ops (ready
   at time 0: Adam's decay of its moments, an embedding lookup) from the rest: the simulator's FIFO
   runs them at the start, while inside a larger unit they would wait for the unit's other inputs;
+- ``"merged"`` granularity: the chunks of ``"group"`` granularity (below), run back to back as one task per
+  part and replica (:mod:`tag.sim.merge`): a boundary tensor still leaves when the op producing it ends and
+  a chunk still waits for what its first op reads (dependency lags), but nothing else runs on the device
+  between the chunks of one part. About half the tasks of ``"group"`` on BERT-Large; its FIFO queues
+  differ, so it agrees with the reference a little less often (``scripts/bench_sim.py``, the report of
+  issue 3);
 - ``"group"`` granularity (the default): each part cut, along a topological order of its ops, right
   after every op whose output another group reads and right before every op that reads a tensor of
   another group (*boundary chunks*). A unit then starts when the boundary tensor its first op reads
@@ -86,7 +92,7 @@ __all__ = [
     "always_local",
 ]
 
-GRANULARITIES = ("group", "part", "op")
+GRANULARITIES = ("group", "merged", "part", "op")
 PRODUCER_CLASSES = ("rows", "sums", "full")
 ROWS, SUMS, FULL = range(3)
 DEMAND_SUM, DEMAND_ROWS, DEMAND_ALL = range(3)
@@ -166,6 +172,9 @@ class CompilerTables:
     unit_out_rows: np.ndarray  # [U] sums of op_out_rows over each unit
     unit_out_fixed: np.ndarray  # [U]
     group_param_bytes: np.ndarray  # [G] parameter bytes owned by each group's ops
+    # merging: at "merged" granularity the chunks of one part run as one task per replica (their outputs
+    # released, their inputs awaited, at their offsets inside it: tag.sim.kernels.merge_chunks)
+    unit_part: np.ndarray | None = None  # [U] int64 part of each unit; None: units are not merged
 
     @property
     def num_units(self) -> int:
@@ -236,7 +245,8 @@ def _build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: st
         key = ((group_rank[assignment[worker]] * 4 + graph.role[worker]) * (int(level.max()) + 1)
                + level[worker]) * 2 + late[worker]
         _, part = np.unique(key, return_inverse=True)
-        if granularity == "group":
+        whole_part = part
+        if granularity in ("group", "merged"):
             part = _boundary_chunks(graph, assignment, worker, part, position)
         op_unit = np.full(n, NO_UNIT, dtype=np.int64)
         op_unit[worker] = part
@@ -291,6 +301,9 @@ def _build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: st
         unit_out_rows=np.zeros(num_units), unit_out_fixed=np.zeros(num_units),
         group_param_bytes=np.bincount(assignment, weights=graph.param_bytes, minlength=gg.num_groups),
     )
+    if granularity == "merged":
+        tables.unit_part = np.zeros(num_units, dtype=np.int64)
+        tables.unit_part[part] = whole_part
     tables.bundles = make_bundles(tables, np.arange(use_producer.size), op_unit, skip_local=True)
     tables.unit_local_succ = _local_successors(graph, assignment, op_unit, num_units)
     tables.op_kept, tables.op_out_rows, tables.op_out_fixed = _memory_columns(graph, op_unit)

@@ -5,6 +5,7 @@ compiled kernels, :mod:`tag.sim.kernels`), feedback and traces. Search does not 
 from tag.sim.errors import OOMError, TaskGraphError
 from tag.sim.fast import peak_memory, schedule, simulate_fast
 from tag.sim.generate import random_taskgraph
+from tag.sim.merge import merge_taskgraph
 from tag.sim.reference import simulate
 from tag.sim.result import Feedback, SimulationResult, compute_feedback, oom_error
 from tag.sim.taskgraph import (
@@ -21,6 +22,7 @@ from tag.sim.taskgraph import (
     TASK_COMPUTE,
     TASK_KINDS,
     TASK_TRANSFER,
+    Lags,
     TaskGraph,
     TaskGraphBuilder,
 )
@@ -30,7 +32,7 @@ __all__ = [
     # the graph
     "TaskGraph", "TaskGraphBuilder", "TASK_KINDS", "TASK_COMPUTE", "TASK_TRANSFER", "TASK_COLLECTIVE",
     "COLLECTIVES", "RESOURCE_KINDS", "RES_COMPUTE", "RES_COMM", "RES_NIC_OUT", "RES_NIC_IN", "RES_LINK",
-    "NO_GROUP", "NO_TASK",
+    "NO_GROUP", "NO_TASK", "Lags", "merge_taskgraph",
     # simulators and results
     "simulate", "simulate_fast", "schedule", "peak_memory", "SimulationResult", "Feedback", "compute_feedback",
     "oom_error",

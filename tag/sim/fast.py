@@ -3,12 +3,16 @@
 It runs the rules of :mod:`tag.sim.reference` without events. Tasks are taken one at a time from a heap
 of the tasks whose dependencies have all been scheduled, keyed ``(ready time, task id)``; each starts
 at ``max(ready time, free time of each resource it holds)`` and pushes those free times to its finish.
+A task's ready time is the latest *release* of its dependencies: the predecessor's start plus the
+dependency's lag (:class:`tag.sim.taskgraph.Lags`), which is the predecessor's duration, so its finish bit
+for bit, except inside merged chunk tasks (:mod:`tag.sim.merge`).
 
 Why this equals the event simulation:
 
 1. Ready times leave the heap in non-decreasing order: a task enters the heap when its last dependency
-   is taken, with a ready time no earlier than that dependency's finish, hence no earlier than the
-   ready time just taken. So every resource sees its tasks in the order the event simulation queues
+   is taken, with a ready time no earlier than that dependency's release, hence no earlier than its
+   start (lags are never negative), hence no earlier than the ready time just taken. So every resource
+   sees its tasks in the order the event simulation queues
    them (by ready time, then id among the tasks known at that instant): a task that becomes ready at t
    only through a zero-duration task started at t enters the heap after the (t, ·) keys already taken,
    exactly as the event simulation queues it behind the tasks of instant t already queued.
@@ -17,7 +21,8 @@ Why this equals the event simulation:
    the same floats in the same order, so the times agree bit for bit.
 
 Peak memory is a sweep over tensor lifetimes [producer start, max(producer finish, last consumer
-finish)), frees before allocations at equal times, which is the reference's per-instant counting.
+finish)), frees before allocations at equal times, which is the reference's per-instant counting (inside
+merged tasks, the starts and ends of the chunks that produce and read the tensor: the lags).
 
 The loops themselves are :mod:`tag.sim.kernels` (numba). Search does not build a TaskGraph at all: it
 calls :func:`tag.compiler.evaluate_strategy`, which assembles the same task columns from cached
@@ -39,7 +44,7 @@ def schedule(taskgraph: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
     """(start [T], finish [T]) by list scheduling in (ready time, task id) order (compiled:
     :func:`tag.sim.kernels.list_schedule`)."""
     tg = taskgraph
-    return list_schedule(tg.duration, tg.res_ptr, tg.res, tg.succ_ptr, tg.succ, np.diff(tg.dep_ptr),
+    return list_schedule(tg.duration, tg.res_ptr, tg.res, tg.succ_ptr, tg.succ, tg.succ_lag, np.diff(tg.dep_ptr),
                          tg.num_resources)
 
 
@@ -49,7 +54,8 @@ def peak_memory(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray) -> 
     persistent = tg.tensor_persistent
     peak = np.bincount(tg.tensor_device[persistent], weights=tg.tensor_bytes[persistent], minlength=tg.num_devices)
     reader_tensor = np.repeat(np.arange(tg.num_tensors), np.diff(tg.consumer_ptr))  # [K] consumer pairs
-    alloc, free = tensor_lifetimes(tg.tensor_producer, reader_tensor, tg.consumer, start, finish)
+    alloc, free = tensor_lifetimes(tg.tensor_producer, tg.lags.alloc, tg.lags.free, reader_tensor, tg.consumer,
+                                   tg.lags.consumer, start, finish)
     transient = ~persistent
     return peak + transient_peaks(tg.num_devices, tg.tensor_device[transient], tg.tensor_bytes[transient],
                                   alloc[transient], free[transient])

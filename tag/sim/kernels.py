@@ -1,4 +1,5 @@
-"""Compiled kernels of the fast simulator: list scheduling, dependency CSR, tensor lifetimes, memory peaks.
+"""Compiled kernels of the fast simulator: list scheduling, dependency CSR, tensor lifetimes, memory peaks,
+merging chunk tasks.
 
 Plain functions over flat numpy arrays (T tasks, E dependencies, R resources, N tensors, D devices). They
 are compiled with numba when it is installed (``cache=True``: the machine code is kept beside this file,
@@ -18,7 +19,8 @@ import numpy as np
 
 from tag.sim.taskgraph import TASK_COMPUTE
 
-__all__ = ["COMPILED", "list_schedule", "successors_csr", "tensor_lifetimes", "transient_peaks", "feedback_sums"]
+__all__ = ["COMPILED", "list_schedule", "successors_csr", "tensor_lifetimes", "transient_peaks", "feedback_sums",
+           "merge_chunks"]
 
 try:  # numba is a dependency; the fallback keeps the package importable where it cannot be installed
     if os.environ.get("TAG_NO_NUMBA"):
@@ -89,15 +91,19 @@ def _heap_pop_root(keys, ids, size):
 
 
 @_jit
-def list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_resources):
+def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, num_resources):
     """(start [T], finish [T]) by list scheduling in (ready time, task id) order (:mod:`tag.sim.fast`).
 
     duration [T]; res_ptr [T+1] / res: CSR of the resources each task holds; succ_ptr [T+1] / succ: CSR of
-    successors; indegree [T] number of predecessors (as listed in the successor CSR, duplicates included).
+    successors, succ_lag [E'] the seconds after its predecessor's start at which each dependency is met (the
+    predecessor's duration for an ordinary dependency: then start + lag is its finish, bit for bit; empty:
+    every dependency is ordinary); indegree [T] number of predecessors (as listed in the successor CSR,
+    duplicates included).
     """
     num_tasks = duration.size
+    lagged = succ_lag.size > 0
     waiting = indegree.copy()
-    ready = np.zeros(num_tasks)  # latest finish among the dependencies scheduled so far
+    ready = np.zeros(num_tasks)  # latest release among the dependencies scheduled so far
     free = np.zeros(num_resources)  # finish of the last task scheduled on each resource
     start = np.empty(num_tasks)
     finish = np.empty(num_tasks)
@@ -123,8 +129,9 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_resource
         finish[task] = end
         for k in range(succ_ptr[task], succ_ptr[task + 1]):
             successor = succ[k]
-            if ready[successor] < end:
-                ready[successor] = end
+            release = begin + succ_lag[k] if lagged else end
+            if ready[successor] < release:
+                ready[successor] = release
             waiting[successor] -= 1
             if waiting[successor] == 0:
                 size = _heap_push(keys, ids, size, ready[successor], successor)
@@ -132,9 +139,11 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_resource
 
 
 @_jit
-def successors_csr(num_tasks, dep_task, dep_on):
-    """(succ_ptr [T+1], succ [E'], indegree [T]) of the dependencies "dep_task[k] waits for dep_on[k]"
-    [E], duplicates dropped (a counting sort by dep_on)."""
+def successors_csr(num_tasks, dep_task, dep_on, dep_lag):
+    """(succ_ptr [T+1], succ [E'], succ_lag [E'], indegree [T]) of the dependencies "dep_task[k] waits for
+    dep_on[k] until dep_lag[k] seconds after its start" [E], duplicates merged (the largest lag kept; a
+    counting sort by dep_on). An empty dep_lag (ordinary dependencies) gives an empty succ_lag."""
+    lagged = dep_lag.size > 0
     count = np.zeros(num_tasks + 1, dtype=np.int64)
     for k in range(dep_on.size):
         count[dep_on[k] + 1] += 1
@@ -142,11 +151,15 @@ def successors_csr(num_tasks, dep_task, dep_on):
         count[t + 1] += count[t]
     slot = count[:-1].copy()
     succ = np.empty(dep_on.size, dtype=np.int64)
+    lag = np.empty(dep_on.size if lagged else 0)
     for k in range(dep_on.size):
         succ[slot[dep_on[k]]] = dep_task[k]
+        if lagged:
+            lag[slot[dep_on[k]]] = dep_lag[k]
         slot[dep_on[k]] += 1
-    # drop duplicates inside each task's list, compacting in place
+    # merge duplicates inside each task's list, compacting in place
     stamp = np.full(num_tasks, -1, dtype=np.int64)
+    where = np.zeros(num_tasks, dtype=np.int64)
     indegree = np.zeros(num_tasks, dtype=np.int64)
     succ_ptr = np.zeros(num_tasks + 1, dtype=np.int64)
     kept = 0
@@ -155,30 +168,38 @@ def successors_csr(num_tasks, dep_task, dep_on):
             successor = succ[k]
             if stamp[successor] != t:
                 stamp[successor] = t
+                where[successor] = kept
                 succ[kept] = successor
+                if lagged:
+                    lag[kept] = lag[k]
                 kept += 1
                 indegree[successor] += 1
+            elif lagged and lag[k] > lag[where[successor]]:
+                lag[where[successor]] = lag[k]
         succ_ptr[t + 1] = kept
-    return succ_ptr, succ[:kept], indegree
+    return succ_ptr, succ[:kept], lag[:kept] if lagged else lag, indegree
 
 
 # ------------------------------------------------------------------------------------------- memory
 
 
 @_jit
-def tensor_lifetimes(producer, reader_tensor, reader_task, start, finish):
-    """(alloc [N], free [N]) of tensors: alloc at the producer's start (0 without one), free at the later of
-    the producer's finish and the last reader's finish. producer [N] task or -1; readers as pairs
-    (reader_tensor [K], reader_task [K])."""
+def tensor_lifetimes(producer, alloc_lag, free_lag, reader_tensor, reader_task, reader_lag, start, finish):
+    """(alloc [N], free [N]) of tensors: alloc ``alloc_lag`` after the producer's start (0 without one), free
+    at the later of ``free_lag`` after the producer's start and each reader's end (``reader_lag`` after its
+    start). producer [N] task or -1; readers as pairs (reader_tensor [K], reader_task [K]). With lags 0,
+    the producer's duration and the reader's duration these are the start and finish times, bit for bit;
+    empty lags mean exactly that (start and finish [T] are read instead)."""
     n = producer.size
+    lagged = alloc_lag.size > 0
     alloc = np.zeros(n)
     free = np.zeros(n)
     for i in range(n):
         if producer[i] >= 0:
-            alloc[i] = start[producer[i]]
-            free[i] = finish[producer[i]]
+            alloc[i] = start[producer[i]] + alloc_lag[i] if lagged else start[producer[i]]
+            free[i] = start[producer[i]] + free_lag[i] if lagged else finish[producer[i]]
     for k in range(reader_tensor.size):
-        t = finish[reader_task[k]]
+        t = start[reader_task[k]] + reader_lag[k] if lagged else finish[reader_task[k]]
         if t > free[reader_tensor[k]]:
             free[reader_tensor[k]] = t
     return alloc, free
@@ -186,24 +207,26 @@ def tensor_lifetimes(producer, reader_tensor, reader_task, start, finish):
 
 @_jit
 def _radix_order(times):
-    """Stable ascending order [n] of non-negative float times: LSD radix sort on their IEEE bits (whose
-    integer order is the numeric order for non-negative floats), 16 bits a pass; passes in which every key
-    has the same digit are skipped."""
+    """Stable ascending order [n] of non-negative float times. An LSD radix sort (11 bits a pass, so the
+    counts stay in L1) on the IEEE bits of the times rounded to float32 (rounding is monotone, and the
+    integer order of the bits of non-negative floats is their numeric order) puts them in order up to runs
+    of times that round alike; one insertion pass over the exact times then orders those runs, keeping equal
+    times in their input order."""
     n = times.size
-    keys = (times + 0.0).view(np.uint64)  # + 0.0 turns a -0.0 into 0.0
+    keys = (times.astype(np.float32) + np.float32(0.0)).view(np.uint32)  # + 0.0 turns a -0.0 into 0.0
     order = np.arange(n)
     spare = np.empty(n, dtype=np.int64)
-    counts = np.empty(65536, dtype=np.int64)
-    mask = np.uint64(0xFFFF)
-    for step in range(4):
-        shift = np.uint64(16 * step)
+    counts = np.empty(2048, dtype=np.int64)
+    mask = np.uint32(0x7FF)
+    for step in range(3):
+        shift = np.uint32(11 * step)
         counts[:] = 0
         for i in range(n):
             counts[np.int64((keys[i] >> shift) & mask)] += 1
         if n == 0 or counts.max() == n:
             continue
         total = 0
-        for b in range(65536):
+        for b in range(2048):
             c = counts[b]
             counts[b] = total
             total += c
@@ -213,6 +236,14 @@ def _radix_order(times):
             spare[counts[b]] = j
             counts[b] += 1
         order, spare = spare, order
+    for i in range(1, n):  # within a run of equal keys: insertion by exact time (strictly greater moves)
+        j = order[i]
+        t = times[j]
+        k = i - 1
+        while k >= 0 and times[order[k]] > t:
+            order[k + 1] = order[k]
+            k -= 1
+        order[k + 1] = j
     return order
 
 
@@ -245,12 +276,12 @@ def transient_peaks(num_devices: int, device: np.ndarray, nbytes: np.ndarray, al
 
 
 @_jit
-def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res, edge_task, edge_pred, start,
-                  finish):
+def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res, edge_task, edge_pred, edge_lag,
+                  start, finish):
     """The sums behind Table 1's feedback, in one pass over tasks, resources and dependencies:
     (first start [G], last finish [G], total wait [G] and count [G] from a compute task's finish to the start
     of a transfer or collective depending on it, busy seconds [R] of each resource). Dependencies as pairs
-    "edge_task [E] waits for edge_pred [E]"."""
+    "edge_task [E] waits for edge_pred [E]", met edge_lag [E] seconds after the predecessor's start."""
     first = np.full(num_groups, np.inf)
     last = np.full(num_groups, -np.inf)
     for t in range(group.size):
@@ -265,10 +296,99 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
     for k in range(edge_task.size):
         p, t = edge_pred[k], edge_task[k]
         if kind[p] == TASK_COMPUTE and kind[t] != TASK_COMPUTE and group[p] >= 0:
-            wait[group[p]] += start[t] - finish[p]
+            wait[group[p]] += start[t] - (start[p] + edge_lag[k] if edge_lag.size > 0 else finish[p])
             count[group[p]] += 1
     busy = np.zeros(num_resources)
     for t in range(group.size):
         for k in range(res_ptr[t], res_ptr[t + 1]):
             busy[res[k]] += duration[t]
     return first, last, wait, count, busy
+
+
+# ------------------------------------------------------------------------------------------- chunk merging
+
+
+@_jit
+def merge_chunks(merge_key, num_keys, duration, kind, group, res_ptr, res, dep_task, dep_on, tensor_producer,
+                 read_tensor, read_task):
+    """Merge the compute tasks that share a ``merge_key`` [T] (>= 0, < num_keys; -1: a task of its own) into
+    one task each, running its chunks back to back in task order on their one resource; every other task is
+    kept. Dependencies then carry *lags*: a chunk's output is released when the chunk ends inside the merged
+    task, and a chunk that reads something starts that far into its task, so "t waits for p" becomes "T may
+    start ``max(0, end of p - start of t)`` after P starts" (dependencies inside one merged task vanish: the
+    chunks of a key are listed in a topological order). Tensors keep the lifetimes of their chunks.
+
+    Returns (new_id [T], start_off [T] and end_off [T] where each old task runs inside its new one, first [T']
+    the first task merged into each new one, duration [T'], kind [T'],
+    group [T'], res_ptr [T'+1], res, dep_task [E'], dep_on [E'], dep_lag [E'], tensor_producer [N],
+    alloc_lag [N], free_lag [N], read_task [K], read_lag [K]); new tasks are numbered in the order of their
+    first chunk.
+    """
+    num_tasks = duration.size
+    slot = np.full(num_keys, -1, dtype=np.int64)  # key -> its new task
+    new_id = np.empty(num_tasks, dtype=np.int64)
+    start_off = np.zeros(num_tasks)
+    end_off = np.empty(num_tasks)
+    first = np.empty(num_tasks, dtype=np.int64)
+    new_duration = np.empty(num_tasks)
+    count = 0
+    for t in range(num_tasks):
+        key = merge_key[t]
+        if key >= 0 and slot[key] >= 0:
+            m = slot[key]
+            start_off[t] = new_duration[m]
+            new_duration[m] = new_duration[m] + duration[t]
+            end_off[t] = new_duration[m]
+            new_id[t] = m
+            continue
+        if key >= 0:
+            slot[key] = count
+        new_id[t] = count
+        first[count] = t
+        new_duration[count] = duration[t]
+        end_off[t] = duration[t]
+        count += 1
+    new_kind = np.empty(count, dtype=np.int8)
+    new_group = np.empty(count, dtype=np.int64)
+    new_res_ptr = np.zeros(count + 1, dtype=np.int64)
+    for m in range(count):
+        t = first[m]
+        new_kind[m] = kind[t]
+        new_group[m] = group[t]
+        new_res_ptr[m + 1] = new_res_ptr[m] + res_ptr[t + 1] - res_ptr[t]
+    new_res = np.empty(new_res_ptr[count], dtype=np.int64)
+    for m in range(count):
+        t = first[m]
+        for j in range(res_ptr[t + 1] - res_ptr[t]):
+            new_res[new_res_ptr[m] + j] = res[res_ptr[t] + j]
+    new_task = np.empty(dep_task.size, dtype=np.int64)
+    new_on = np.empty(dep_task.size, dtype=np.int64)
+    lag = np.empty(dep_task.size)
+    e = 0
+    for k in range(dep_task.size):
+        t, p = dep_task[k], dep_on[k]
+        if new_id[t] == new_id[p]:
+            continue
+        new_task[e] = new_id[t]
+        new_on[e] = new_id[p]
+        lag[e] = max(0.0, end_off[p] - start_off[t])
+        e += 1
+    n = tensor_producer.size
+    producer = np.full(n, -1, dtype=np.int64)
+    alloc_lag = np.zeros(n)
+    free_lag = np.zeros(n)
+    for i in range(n):
+        p = tensor_producer[i]
+        if p >= 0:
+            producer[i] = new_id[p]
+            alloc_lag[i] = start_off[p]
+            free_lag[i] = end_off[p]
+    reader = np.empty(read_task.size, dtype=np.int64)
+    read_lag = np.empty(read_task.size)
+    for k in range(read_task.size):
+        reader[k] = new_id[read_task[k]]
+        read_lag[k] = end_off[read_task[k]]
+    return (new_id, start_off, end_off, first[:count].copy(), new_duration[:count].copy(), new_kind, new_group,
+            new_res_ptr, new_res,
+            new_task[:e].copy(), new_on[:e].copy(), lag[:e].copy(), producer, alloc_lag, free_lag, reader, read_lag)
+

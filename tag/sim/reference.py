@@ -2,7 +2,9 @@
 
 Rules, which the fast path (:mod:`tag.sim.fast`) reproduces exactly:
 
-- A task becomes **ready** when its last dependency finishes (tasks without dependencies at time 0).
+- A task becomes **ready** when its last dependency is met (tasks without dependencies at time 0). A
+  dependency is met when its predecessor finishes, or, inside a merged chunk task (:mod:`tag.sim.merge`),
+  at its lag after the predecessor starts (a ``Release`` event, ordered among the finishes of its instant).
 - Each resource (a device's compute stream, a device's comm channel, a link, a NIC direction) keeps a
   **FIFO queue** of the ready tasks that need it, in the order they became ready: by ready time, then
   by task id. A task starts as soon as it is at the head of the queue of every resource it needs and all
@@ -17,7 +19,8 @@ Rules, which the fast path (:mod:`tag.sim.fast`) reproduces exactly:
   starts and freed once its producer has finished and its last consumer has finished. Peak memory is the
   live bytes after all the frees and allocations of an instant, maximised over instants (frees of an
   instant come before its allocations, so a tensor whose last use ends at t and one whose producer
-  starts at t are never counted together).
+  starts at t are never counted together). In a graph with lags the allocations and the ends of the
+  producer's and readers' use fall at their lags inside those tasks (``Memory`` events).
 
 The event heap holds ``(time, seq, event)`` with a monotonic ``seq`` so that ties are deterministic;
 tasks made ready wait in a second heap keyed ``(time, task id)``.
@@ -47,6 +50,28 @@ class Finish(NamedTuple):
         return f"Finish({self.task})"
 
 
+class Release(NamedTuple):
+    """A dependency met before its predecessor finishes (a merged chunk's output, :mod:`tag.sim.kernels`)."""
+
+    task: int  # the dependent task
+
+    def __repr__(self) -> str:
+        return f"Release({self.task})"
+
+
+class Memory(NamedTuple):
+    """A tensor event inside a task (graphs with lags): allocated, or done with by its producer or a reader."""
+
+    tensor: int
+    what: int  # _ALLOC, _PRODUCED or _READ
+
+    def __repr__(self) -> str:
+        return f"Memory({self.tensor}, {('alloc', 'produced', 'read')[self.what]})"
+
+
+_ALLOC, _PRODUCED, _READ = range(3)
+
+
 class _Memory:
     """Reference-counted live bytes per device. D devices, N tensors."""
 
@@ -70,6 +95,40 @@ class _Memory:
                 self.produced_by[producer].append(tensor)
                 self.producer_done[tensor] = False
         self.peak = [0.0] * tg.num_devices  # [D] sampled at the end of each instant
+        self.lagged = tg.plan.lagged
+        if self.lagged:  # where in its producer's and readers' runs each tensor event falls
+            self.alloc_lag = tg.lags.alloc.tolist()  # [N]
+            self.free_lag = tg.lags.free.tolist()  # [N]
+            self.read_lag: list[list[float]] = [[] for _ in range(tg.num_tasks)]  # task -> lag per consumed_by
+            lags = tg.lags.consumer.tolist()
+            persistent = tg.tensor_persistent.tolist()
+            for tensor in range(tg.num_tensors):
+                if not persistent[tensor]:
+                    for k in range(ptr[tensor], ptr[tensor + 1]):
+                        self.read_lag[consumer[k]].append(lags[k])
+
+    def events(self, task: int) -> list[tuple[float, Memory]]:
+        """(lag, event) of the tensor events inside ``task`` (graphs with lags)."""
+        out = []
+        for tensor in self.produced_by[task]:
+            out.append((self.alloc_lag[tensor], Memory(tensor, _ALLOC)))
+            out.append((self.free_lag[tensor], Memory(tensor, _PRODUCED)))
+        for tensor, lag in zip(self.consumed_by[task], self.read_lag[task]):
+            out.append((lag, Memory(tensor, _READ)))
+        return out
+
+    def apply(self, event: Memory) -> None:
+        tensor = event.tensor
+        if event.what == _ALLOC:
+            self.live[self.tensor_device[tensor]] += self.tensor_bytes[tensor]
+        elif event.what == _PRODUCED:
+            self.producer_done[tensor] = True
+            if self.refcount[tensor] == 0:
+                self._free(tensor)
+        else:
+            self.refcount[tensor] -= 1
+            if self.refcount[tensor] == 0 and self.producer_done[tensor]:
+                self._free(tensor)
 
     def start(self, task: int) -> None:
         for tensor in self.produced_by[task]:
@@ -99,7 +158,8 @@ class _Reference:
         plan = tg.plan
         self.duration = plan.duration  # [T]
         self.resources = plan.resources  # [T] resource ids each task holds
-        self.successors = plan.successors  # [T]
+        self.successors = plan.successors  # [T] dependencies met at the task's finish
+        self.early = plan.early  # [T] (lag, successor): dependencies met that long after the task's start
         self.waiting_deps = list(plan.indegree)  # [T] dependencies not finished yet
         self.queue = [deque() for _ in range(tg.num_resources)]  # [R] FIFO of ready tasks
         self.busy = [False] * tg.num_resources  # [R]
@@ -118,7 +178,12 @@ class _Reference:
             if events and (not ready or events[0][0] <= ready[0][0]):
                 time, _, event = heapq.heappop(events)
                 self._advance(time)
-                self._retire(event.task)
+                if isinstance(event, Finish):
+                    self._retire(event.task)
+                elif isinstance(event, Release):
+                    self._release(event.task)
+                else:
+                    self.memory.apply(event)
             else:
                 time, task = heapq.heappop(ready)
                 self._advance(time)
@@ -145,18 +210,28 @@ class _Reference:
             self.queue[resource].popleft()
             self.busy[resource] = True
         self.start[task] = self.now
-        self.memory.start(task)
+        if self.memory.lagged:
+            for lag, event in self.memory.events(task):
+                heapq.heappush(self.events, (self.now + lag, next(self.seq), event))
+        else:
+            self.memory.start(task)
         heapq.heappush(self.events, (self.now + self.duration[task], next(self.seq), Finish(task)))
+        for lag, successor in self.early[task]:
+            heapq.heappush(self.events, (self.now + lag, next(self.seq), Release(successor)))
+
+    def _release(self, task: int) -> None:
+        self.waiting_deps[task] -= 1
+        if self.waiting_deps[task] == 0:
+            heapq.heappush(self.ready, (self.now, task))
 
     def _retire(self, task: int) -> None:
         self.finish[task] = self.now
-        self.memory.finish(task)
+        if not self.memory.lagged:
+            self.memory.finish(task)
         for resource in self.resources[task]:
             self.busy[resource] = False
         for successor in self.successors[task]:
-            self.waiting_deps[successor] -= 1
-            if self.waiting_deps[successor] == 0:
-                heapq.heappush(self.ready, (self.now, successor))
+            self._release(successor)
         for resource in self.resources[task]:
             if self.queue[resource]:
                 self._try_start(self.queue[resource][0])

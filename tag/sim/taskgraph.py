@@ -68,6 +68,16 @@ NO_GROUP = -1  # a task that belongs to no op group / stage
 NO_TASK = -1  # a tensor without a producer; a transfer's peer for tasks that are not transfers
 
 
+class Lags(NamedTuple):
+    """Where things happen inside tasks, in seconds after a task's start (merged chunks,
+    :func:`tag.sim.kernels.merge_chunks`; for an unmerged task: at its finish, allocations at its start)."""
+
+    dep: np.ndarray  # [E] the dependency on dep[k] is met this long after dep[k] starts
+    alloc: np.ndarray  # [N] a tensor is allocated this long after its producer starts
+    free: np.ndarray  # [N] its producer is done with it this long after it starts
+    consumer: np.ndarray  # [sum] each consumer is done with it this long after it starts
+
+
 class _Plan(NamedTuple):
     """Python lists the simulators loop over (indexing a list is far cheaper than a numpy scalar)."""
 
@@ -76,6 +86,8 @@ class _Plan(NamedTuple):
     successors: list[tuple[int, ...]]  # [T]
     indegree: list[int]  # [T]
     sources: list[int]  # tasks with no predecessor, ascending
+    early: list[tuple[tuple[float, int], ...]]  # [T] (lag, successor) of the dependencies met before the finish
+    lagged: bool  # some dependency or tensor lag differs from the plain start / finish times
 
 
 @dataclass(eq=False)
@@ -111,6 +123,12 @@ class TaskGraph:
     consumer: np.ndarray  # [sum] int64 task ids
     tensor_names: list[str] | None = None  # [N]
     num_groups: int | None = None  # G; default max(group) + 1
+    # Lags (merged chunks, tag.sim.kernels.merge_chunks): seconds after a task's start at which something
+    # happens inside it. None: at its finish (at its start for allocations), as for every unmerged task.
+    dep_lag: np.ndarray | None = None  # [E] float64: the dependency dep[k] is met this long after it starts
+    tensor_alloc_lag: np.ndarray | None = None  # [N] float64: allocated this long after the producer starts
+    tensor_free_lag: np.ndarray | None = None  # [N] float64: the producer is done with it this long after it starts
+    consumer_lag: np.ndarray | None = None  # [sum] float64: each consumer is done with it this long after it starts
 
     def __post_init__(self) -> None:
         self.kind = np.asarray(self.kind, dtype=np.int8)
@@ -125,11 +143,13 @@ class TaskGraph:
         if self.num_groups is None:
             self.num_groups = int(self.group.max()) + 1 if len(self.group) else 0
         self._validate_columns()
+        self.lags = self._lags()
         edge_task = np.repeat(np.arange(self.num_tasks), np.diff(self.dep_ptr))
         order = np.argsort(self.dep, kind="stable")
         self.succ_ptr = np.zeros(self.num_tasks + 1, dtype=np.int64)  # [T+1] CSR of successors
         np.cumsum(np.bincount(self.dep, minlength=self.num_tasks), out=self.succ_ptr[1:])
         self.succ = edge_task[order]  # [E] successor task ids, each task's in ascending order
+        self.succ_lag = self.lags.dep[order]  # [E] the lag of each successor's dependency
         self.topological_order = self._topological_order()  # [T]
 
     # ----------------------------------------------------------------------------------- sizes
@@ -163,7 +183,8 @@ class TaskGraph:
         """Devices of a collective (its comm channels); the one device of a compute task; [src, dst] of a
         transfer."""
         if self.kind[task] == TASK_COLLECTIVE:
-            return self.resources(task) - self.num_devices
+            held = self.resources(task)
+            return held[self.resource_kind[held] == RES_COMM] - self.num_devices
         if self.kind[task] == TASK_TRANSFER:
             return np.array([self.device[task], self.peer[task]])
         return self.device[task:task + 1]
@@ -181,20 +202,57 @@ class TaskGraph:
             return f"machine {a} {RESOURCE_KINDS[kind].replace('_', '-')}"
         return f"device {a} {RESOURCE_KINDS[kind]}"
 
+    def _lags(self) -> Lags:
+        """The lag columns, those not given filled in for unmerged tasks (at the finish; allocations at the
+        start), checked against their tables."""
+        produced = self.tensor_producer >= 0
+        free = np.zeros(self.num_tensors)
+        free[produced] = self.duration[self.tensor_producer[produced]]
+        lags = Lags(
+            dep=self.duration[self.dep] if self.dep_lag is None else np.asarray(self.dep_lag, dtype=np.float64),
+            alloc=np.zeros(self.num_tensors) if self.tensor_alloc_lag is None
+            else np.asarray(self.tensor_alloc_lag, dtype=np.float64),
+            free=free if self.tensor_free_lag is None else np.asarray(self.tensor_free_lag, dtype=np.float64),
+            consumer=self.duration[self.consumer] if self.consumer_lag is None
+            else np.asarray(self.consumer_lag, dtype=np.float64))
+        for column, size, what in ((lags.dep, self.dep.size, "dep_lag"),
+                                   (lags.alloc, self.num_tensors, "tensor_alloc_lag"),
+                                   (lags.free, self.num_tensors, "tensor_free_lag"),
+                                   (lags.consumer, self.consumer.size, "consumer_lag")):
+            if column.shape != (size,):
+                raise ValueError(f"TaskGraph: {what} has shape {column.shape}, expected ({size},)")
+        if (lags.dep < 0).any() or (lags.dep > self.duration[self.dep]).any():
+            raise ValueError("TaskGraph: a dependency lag lies outside its predecessor's run")
+        return lags
+
     @functools.cached_property
     def plan(self) -> _Plan:
         """The lists both simulators loop over, built once per graph."""
         resources = self.res.tolist()
         res_ptr = self.res_ptr.tolist()
-        succ = self.succ.tolist()
-        succ_ptr = self.succ_ptr.tolist()
         indegree = np.diff(self.dep_ptr).tolist()
+        pred = np.repeat(np.arange(self.num_tasks), np.diff(self.succ_ptr))  # [E] predecessor of each succ entry
+        early_edge = self.succ_lag < self.duration[pred]
+        early: list[list] = [[] for _ in range(self.num_tasks)]
+        for p, lag, t in zip(pred[early_edge].tolist(), self.succ_lag[early_edge].tolist(),
+                             self.succ[early_edge].tolist()):
+            early[p].append((lag, t))
+        late = ~early_edge
+        successors: list[list] = [[] for _ in range(self.num_tasks)]
+        for p, t in zip(pred[late].tolist(), self.succ[late].tolist()):
+            successors[p].append(t)
+        produced = self.tensor_producer >= 0
+        lagged = bool(early_edge.any() or self.lags.alloc.any()
+                      or (self.lags.free[produced] != self.duration[self.tensor_producer[produced]]).any()
+                      or (self.lags.consumer != self.duration[self.consumer]).any())
         return _Plan(
             duration=self.duration.tolist(),
             resources=[tuple(resources[res_ptr[i]:res_ptr[i + 1]]) for i in range(self.num_tasks)],
-            successors=[tuple(succ[succ_ptr[i]:succ_ptr[i + 1]]) for i in range(self.num_tasks)],
+            successors=[tuple(x) for x in successors],
             indegree=indegree,
             sources=[i for i, n in enumerate(indegree) if n == 0],
+            early=[tuple(x) for x in early],
+            lagged=lagged,
         )
 
     def __repr__(self) -> str:
