@@ -800,6 +800,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_baselines)
 
+    from tag.training.cli import add_train_parser  # torch is imported only when `tag train` runs
+
+    add_train_parser(sub)
+
     p = sub.add_parser("compare", help="every planner on one model and cluster through one simulator")
     _add_model(p)
     _add_cluster(p)

@@ -1,0 +1,248 @@
+"""Does one trained policy plan well for clusters and models it never saw? (TAG §5.7, §5.8; issue 6)
+
+(a) TAG Table 7: on N random topologies (``tag_random`` seeds from tag.training.EVAL_SEED_START, disjoint
+    from every training and validation seed), per TAG model, the mean number of MCTS iterations until a
+    plan beats DP-NCCL: pure MCTS (uniform priors) against GNN-guided MCTS. A search that does not beat
+    DP-NCCL within the budget counts as budget + 1 (and the table says how many did not).
+(b) TAG Table 8: a policy trained with one model held out (``--holdout-policy``, ``--holdout-model``)
+    against the full policy: the held-out model's speed-up over DP-NCCL after a full search budget, on the
+    same unseen topologies. Without a hold-out policy this part reports the full policy's speed-ups only.
+(c) Presets never used in training (TAG cloud, 4×DGX-1, a 2D mesh): iterations to beat DP-NCCL and the
+    speed-up after the budget, pure against GNN-guided.
+
+Searches use the training config's grouping and search settings (``--config``). Results are cached in
+``--cache`` (JSON), so the script can run in pieces (e.g. ``--methods uniform`` before a policy exists).
+Prints readable tables, then one JSON line (``--json``: only the JSON line).
+
+    .venv/bin/python scripts/eval_generalization.py --policy checkpoints/tag-policy.pt --topologies 100
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tag._atomic import atomic_write_text  # noqa: E402
+from tag.planner import TAG_MODELS  # noqa: E402
+from tag.training import EVAL_SEED_START, Instance, Outcome, SelfPlayPool, load_config  # noqa: E402
+
+PRESETS = ("tag-cloud", "dgx1x4", "mesh2d:4x4")  # never used in training: TAG cloud, 4×DGX-1, a 2D mesh
+METHODS = ("uniform", "gnn")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--policy", default=str(ROOT / "checkpoints" / "tag-policy.pt"), help="the full policy")
+    p.add_argument("--config", default=str(ROOT / "training" / "configs" / "tag.toml"),
+                   help="training config whose grouping and search settings the searches use")
+    p.add_argument("--topologies", type=int, default=100, help="random topologies for (a) and (b)")
+    p.add_argument("--budget", type=int, default=200, help="MCTS iterations per search")
+    p.add_argument("--models", default=",".join(TAG_MODELS), help="comma-separated zoo models")
+    p.add_argument("--parts", default="a,b,c", help="which of a, b, c to run")
+    p.add_argument("--methods", default="uniform,gnn", help="uniform (pure MCTS) and/or gnn")
+    p.add_argument("--presets", default=",".join(PRESETS), help="clusters of part (c)")
+    p.add_argument("--holdout-policy", help="a policy trained without --holdout-model, for (b)")
+    p.add_argument("--holdout-model", default="bert-large", help="the model held out of that policy's training")
+    p.add_argument("--b-topologies", type=int, default=20, help="topologies of part (b) (full-budget searches)")
+    p.add_argument("--uniform-mix", type=float, default=0.0,
+                   help="GNN priors mixed with this share of uniform priors (tag.training.mix_uniform)")
+    p.add_argument("--workers", type=int, default=2, help="search processes")
+    p.add_argument("--cache", default=str(ROOT / "runs" / "eval_generalization.json"), help="result cache")
+    p.add_argument("--json", action="store_true", help="print only the final JSON line")
+    return p.parse_args(argv)
+
+
+class Runner:
+    """Searches through a process pool, with their outcomes cached on disk by (what, method, instance)."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        import torch
+
+        from tag.policy import load_policy
+
+        torch.set_num_threads(1)
+        self.config = load_config(args.config).replace(workers=args.workers)
+        self.budget = args.budget
+        self.uniform_mix = args.uniform_mix
+        self.cache_path = Path(args.cache)
+        self.cache: dict[str, Any] = json.loads(self.cache_path.read_text()) if self.cache_path.is_file() else {}
+        self.policies: dict[str, Any] = {"uniform": (None, "uniform")}
+        for method, path in (("gnn", args.policy), ("holdout", args.holdout_policy)):
+            if path and Path(path).is_file():
+                loaded = load_policy(path)
+                mix = f"+mix{args.uniform_mix:g}" if args.uniform_mix > 0 else ""
+                self.policies[method] = (loaded.model.eval(), f"{Path(path).name}@{loaded.step}{mix}")
+        self.pool = SelfPlayPool(args.workers)
+        self.quiet = args.json
+
+    def run(self, method: str, instances: list[Instance], *, stop_on_beat: bool) -> list[dict[str, Any]]:
+        model, label = self.policies[method]
+        keys = [f"{label}|{self.budget}|{stop_on_beat}|{self.config.num_groups}|{i.model}|{i.topology_seed}|"
+                f"{i.cluster}" for i in instances]
+        todo = [(k, i) for k, i in zip(keys, instances) if k not in self.cache]
+        for done, outcome in enumerate(self.pool.search(self.config, model, [i for _, i in todo], version=hash(label),
+                                                        iterations=self.budget, seed=0, stop_on_beat=stop_on_beat,
+                                                        uniform_mix=0.0 if model is None else self.uniform_mix)):
+            self.cache[todo[done][0]] = _row(outcome)
+            if done % 10 == 9 or done == len(todo) - 1:
+                self.save()
+                if not self.quiet:
+                    print(f"  {method}: {done + 1}/{len(todo)} searches", file=sys.stderr, flush=True)
+        return [self.cache[k] for k in keys]
+
+    def save(self) -> None:
+        self.cache_path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(self.cache_path, json.dumps(self.cache))
+
+    def close(self) -> None:
+        self.pool.close()
+
+
+def _row(outcome: Outcome) -> dict[str, Any]:
+    return {"first_beat": outcome.first_beat_iteration, "speedup": outcome.best_speedup,
+            "iterations": outcome.iterations, "seconds": outcome.seconds, "reference": outcome.reference}
+
+
+def beat_stats(rows: list[dict[str, Any]], budget: int) -> dict[str, Any]:
+    """Mean iterations to beat DP-NCCL (a miss counts as budget + 1), misses, and the share within 2."""
+    valid = [r for r in rows if r["reference"] == "DP-NCCL"]  # DP-NCCL must fit to be beaten
+    its = [r["first_beat"] if r["first_beat"] is not None else budget + 1 for r in valid]
+    return {"mean": float(np.mean(its)) if its else None, "median": float(np.median(its)) if its else None,
+            "misses": sum(r["first_beat"] is None for r in valid), "within_2": sum(i <= 2 for i in its),
+            "n": len(valid), "dp_oom": len(rows) - len(valid)}
+
+
+def part_a(runner: Runner, models: list[str], topologies: int, methods: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for model in models:
+        instances = [Instance(model, EVAL_SEED_START + k) for k in range(topologies)]
+        out[model] = {m: beat_stats(runner.run(m, instances, stop_on_beat=True), runner.budget)
+                      for m in methods if m in runner.policies}
+    return out
+
+
+def part_b(runner: Runner, model: str, topologies: int) -> dict[str, Any]:
+    instances = [Instance(model, EVAL_SEED_START + k) for k in range(topologies)]
+    out = {}
+    for method in ("uniform", "gnn", "holdout"):
+        if method in runner.policies:
+            rows = runner.run(method, instances, stop_on_beat=False)
+            out[method] = float(np.mean([r["speedup"] for r in rows]))
+    if "holdout" in out and "gnn" in out:
+        out["holdout_over_full"] = out["holdout"] / out["gnn"]
+    return {"model": model, "topologies": topologies, **out}
+
+
+def part_c(runner: Runner, models: list[str], presets: list[str], methods: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for preset in presets:
+        instances = [Instance(model, 0, preset) for model in models]
+        out[preset] = {}
+        for method in methods:
+            if method not in runner.policies:
+                continue
+            beat = runner.run(method, instances, stop_on_beat=True)
+            full = runner.run(method, instances, stop_on_beat=False)
+            out[preset][method] = {"beat": beat_stats(beat, runner.budget),
+                                   "first_beat": {m: r["first_beat"] for m, r in zip(models, beat)},
+                                   "speedup": {m: r["speedup"] for m, r in zip(models, full)}}
+    return out
+
+
+def print_tables(result: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(highlight=False, width=max(Console().width, 140))
+    budget = result["budget"]
+    if "a" in result:
+        table = Table(title=f"(a) TAG Table 7: MCTS iterations until a plan beats DP-NCCL, {result['topologies']} "
+                            f"unseen random topologies, budget {budget} (a miss counts as {budget + 1})")
+        for column in ("model", "pure MCTS mean", "GNN mean", "pure / GNN", "pure median", "GNN median",
+                       "pure misses", "GNN misses", "pure ≤2 it.", "GNN ≤2 it.", "n"):
+            table.add_column(column, justify="right")
+        for model, row in result["a"].items():
+            pure, gnn = row.get("uniform"), row.get("gnn")
+            cells = [model]
+            ratio = pure["mean"] / gnn["mean"] if pure and gnn and gnn["mean"] else None
+            cells += [_f(pure, "mean"), _f(gnn, "mean"), f"{ratio:.2f}x" if ratio else "-", _f(pure, "median"),
+                      _f(gnn, "median"), _f(pure, "misses"), _f(gnn, "misses"), _f(pure, "within_2"),
+                      _f(gnn, "within_2"), _f(pure or gnn, "n")]
+            table.add_row(*cells)
+        console.print(table)
+    if "b" in result:
+        b = result["b"]
+        console.print(f"(b) TAG Table 8, hold-out {b['model']} on {b['topologies']} unseen topologies, mean speed-up "
+                      f"over DP-NCCL after {budget} iterations: " + ", ".join(
+                          f"{k} {v:.3f}" for k, v in b.items() if isinstance(v, float)))
+    if "c" in result:
+        table = Table(title=f"(c) presets never used in training: iterations to beat DP-NCCL / speed-up after {budget}")
+        table.add_column("cluster")
+        table.add_column("model")
+        for column in ("pure it.", "GNN it.", "pure speed-up", "GNN speed-up"):
+            table.add_column(column, justify="right")
+        for preset, row in result["c"].items():
+            pure, gnn = row.get("uniform", {}), row.get("gnn", {})
+            for model in (pure or gnn).get("speedup", {}):
+                table.add_row(preset, model, _it(pure, model), _it(gnn, model), _sp(pure, model), _sp(gnn, model))
+        console.print(table)
+
+
+def _f(row: dict | None, key: str) -> str:
+    if not row or row.get(key) is None:
+        return "-"
+    value = row[key]
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _it(row: dict, model: str) -> str:
+    if not row:
+        return "-"
+    value = row["first_beat"].get(model)
+    return "miss" if value is None else str(value)
+
+
+def _sp(row: dict, model: str) -> str:
+    return f"{row['speedup'][model]:.3f}" if row else "-"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    models = [m for m in args.models.split(",") if m]
+    methods = [m for m in args.methods.split(",") if m]
+    parts = set(args.parts.split(","))
+    runner = Runner(args)
+    result: dict[str, Any] = {"budget": args.budget, "topologies": args.topologies,
+                              "num_groups": runner.config.num_groups,
+                              "policy": runner.policies.get("gnn", (None, None))[1],
+                              "uniform_mix": args.uniform_mix,
+                              "topology_seeds": [EVAL_SEED_START, EVAL_SEED_START + args.topologies]}
+    try:
+        if "a" in parts:
+            result["a"] = part_a(runner, models, args.topologies, methods)
+            means = [(r["uniform"]["mean"], r["gnn"]["mean"]) for r in result["a"].values()
+                     if "uniform" in r and "gnn" in r and r["gnn"]["mean"]]
+            if means:
+                result["a_overall_ratio"] = float(np.mean([u for u, _ in means]) / np.mean([g for _, g in means]))
+        if "b" in parts:
+            result["b"] = part_b(runner, args.holdout_model, args.b_topologies)
+        if "c" in parts:
+            result["c"] = part_c(runner, models, [p for p in args.presets.split(",") if p], methods)
+    finally:
+        runner.close()
+    if not args.json:
+        print_tables(result)
+    print(json.dumps(result, default=float))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,121 @@
+"""``tag train --config training/configs/X.toml [--out DIR] [--resume] [--steps N] [--workers N] [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_train_parser", "cmd_train"]
+
+log = logging.getLogger(__name__)
+DEFAULT_RUNS = Path("runs")  # runs/<config name>/ unless --out says otherwise (gitignored)
+
+
+def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Register ``train`` on the ``tag`` command's subparsers."""
+    p = subparsers.add_parser("train", help="train the TAG policy by self-play on random topologies")
+    p.add_argument("--config", required=True, metavar="TOML", help="training config (training/configs/*.toml)")
+    p.add_argument("--out", metavar="DIR", help="run folder: checkpoint.pt, policy.pt, history.json, "
+                                                "tensorboard/ (default: runs/<config name>)")
+    p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
+    p.add_argument("--steps", type=_positive_int, metavar="N", help="total gradient steps (overrides the config's)")
+    p.add_argument("--workers", type=_non_negative_int, metavar="N",
+                   help="self-play processes (overrides the config's; 0: in this process)")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(func=cmd_train)
+    return p
+
+
+def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
+    from tag.training.config import load_config
+    from tag.training.loop import train
+
+    config = load_config(args.config)
+    overrides = {k: v for k, v in (("total_steps", args.steps), ("workers", args.workers)) if v is not None}
+    config = config.replace(**overrides)
+    out = Path(args.out) if args.out else DEFAULT_RUNS / Path(args.config).name.removesuffix(".toml")
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill`: stop like Ctrl-C, workers shut down
+    try:
+        with _progress(config.total_steps, quiet=args.json) as on_round:
+            summary = train(config, out, resume=args.resume, on_round=on_round)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    payload = summary.as_dict()
+    if not args.json:
+        _print_summary(payload)
+    return payload
+
+
+class _progress:
+    """A rich progress bar over gradient steps (on stderr, so that --json output stays clean); each round
+    is also logged (``tag -v``)."""
+
+    def __init__(self, total: int, *, quiet: bool) -> None:
+        self.total = total
+        self.quiet = quiet
+        self.bar = None
+
+    def __enter__(self):
+        if not self.quiet:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.bar = Progress(TextColumn("training"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                                TextColumn("{task.fields[status]}"), console=Console(stderr=True), transient=True)
+            self.bar.start()
+            self.task = self.bar.add_task("train", total=self.total, status="")
+        return self.on_round
+
+    def on_round(self, row: dict[str, Any]) -> None:
+        status = (f"games {row['games']}  loss {row['loss']:.3f}" if row.get("loss") is not None
+                  else f"games {row['games']}")
+        status += f"  speed-up {row['selfplay_speedup']:.2f}"
+        log.info("round %d step %d: %s", row["round"], row["step"],
+                 {k: round(v, 4) if isinstance(v, float) else v for k, v in row.items()})
+        if self.bar is not None:
+            self.bar.update(self.task, completed=min(row["step"], self.total), status=status)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.stop()
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
+
+
+def _print_summary(payload: dict[str, Any]) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title="tag train", show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    loss = payload["final_loss"]
+    for what, value in (("steps", payload["step"]), ("rounds", payload["rounds"]), ("games", payload["games"]),
+                        ("replay states", payload["replay_size"]),
+                        ("final loss", "-" if loss is None else f"{loss:.4f}"),
+                        ("wall time", f"{payload['wall_s']:.0f} s"), ("checkpoint", payload["checkpoint"]),
+                        ("policy", payload["policy"])):
+        table.add_row(what, str(value))
+    Console(highlight=False).print(table)
+
+
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
+    return value
