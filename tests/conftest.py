@@ -1,3 +1,5 @@
+import json
+
 import numpy as np
 import pytest
 
@@ -37,3 +39,19 @@ def diamond():
     #   0 -> 1 -> 3
     #   0 -> 2 -> 3
     return make_graph([(0, 1), (0, 2), (1, 3), (2, 3)])
+
+
+def run(capsys, *argv):
+    """`tag ARGV` in-process: (exit code, stdout, stderr)."""
+    from tag.cli import main
+
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def run_json(capsys, *argv):
+    """`tag ARGV --json`, which must succeed; its JSON."""
+    code, out, err = run(capsys, *argv, "--json")
+    assert code == 0, err
+    return json.loads(out)

@@ -7,23 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_graph
+from conftest import make_graph, run, run_json
 from tag.cli import main
 from tag.graph import graph_to_json, save_graph
 
 PIPEDREAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "pipedream-profiles"
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys, *argv):
-    code, out, err = run(capsys, *argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 def _mkdir(path: Path) -> Path:

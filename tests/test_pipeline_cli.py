@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import run, run_json
 from tag.cli import main
 from tag.cluster import resolve_cluster
 from tag.graph.pipedream import load_pipedream
@@ -25,18 +26,6 @@ PIPEDREAM = Path(__file__).resolve().parents[2] / "shared" / "data" / "pipedream
 GNMT = str(PIPEDREAM / "gnmt.graph.txt")
 VGG = str(PIPEDREAM / "vgg16.graph.txt")
 pytestmark = pytest.mark.skipif(not PIPEDREAM.is_dir(), reason="PipeDream profiles not found")
-
-
-def run(capsys, *argv):
-    code = main(list(argv))
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def run_json(capsys, *argv):
-    code, out, err = run(capsys, *argv, "--json")
-    assert code == 0, err
-    return json.loads(out)
 
 
 @pytest.fixture(scope="module")

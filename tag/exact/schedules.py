@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from typing import NamedTuple, Sequence
 
+import numpy as np
+
 from tag.exact.stage_graph import SCHEDULES, PartitionError
 
 __all__ = ["Action", "FORWARD", "BACKWARD", "stage_order", "stage_orders", "unit_time_schedule", "format_grid"]
@@ -59,12 +61,21 @@ def stage_orders(num_stages: int, micro_batches: int, schedule: str = "1f1b") ->
 
 
 def unit_time_schedule(orders: Sequence[Sequence[Action]], *, forward: Sequence[float] | float = 1.0,
-                       backward: Sequence[float] | float = 1.0) -> dict[Action, tuple[float, float]]:
+                       backward: Sequence[float] | float = 1.0,
+                       edges: tuple[Sequence[int], Sequence[int]] | None = None) -> dict[Action, tuple[float, float]]:
     """(start, finish) of every action when stage s's passes take forward[s] / backward[s] and no time
-    is spent communicating. F(s, m) waits for F(s−1, m); B(s, m) waits for B(s+1, m) and F(s, m)."""
+    is spent communicating. ``edges`` (src, dst) is the stage graph, default the chain 0 → 1 → … → S−1:
+    F(y, m) waits for F(x, m) of every edge x → y; B(x, m) waits for F(x, m) and B(y, m) of every edge
+    x → y. PartitionError names the stuck actions when the orders deadlock."""
     num_stages = len(orders)
-    fwd = [forward] * num_stages if isinstance(forward, (int, float)) else list(forward)
-    bwd = [backward] * num_stages if isinstance(backward, (int, float)) else list(backward)
+    src, dst = edges if edges is not None else (range(num_stages - 1), range(1, num_stages))
+    preds: list[list[int]] = [[] for _ in range(num_stages)]
+    succs: list[list[int]] = [[] for _ in range(num_stages)]
+    for a, b in zip(src, dst):
+        preds[int(b)].append(int(a))
+        succs[int(a)].append(int(b))
+    fwd = [float(forward)] * num_stages if np.isscalar(forward) else [float(x) for x in forward]
+    bwd = [float(backward)] * num_stages if np.isscalar(backward) else [float(x) for x in backward]
     times: dict[Action, tuple[float, float]] = {}
     position = [0] * num_stages
     clock = [0.0] * num_stages
@@ -74,11 +85,11 @@ def unit_time_schedule(orders: Sequence[Sequence[Action]], *, forward: Sequence[
         for s, order in enumerate(orders):
             while position[s] < len(order):
                 action = order[position[s]]
+                m = action.micro_batch
                 if action.kind == FORWARD:
-                    deps = [Action(s - 1, FORWARD, action.micro_batch)] if s > 0 else []
+                    deps = [Action(p, FORWARD, m) for p in preds[s]]
                 else:
-                    deps = [Action(s, FORWARD, action.micro_batch)]
-                    deps += [Action(s + 1, BACKWARD, action.micro_batch)] if s + 1 < num_stages else []
+                    deps = [Action(s, FORWARD, m)] + [Action(c, BACKWARD, m) for c in succs[s]]
                 if any(d not in times for d in deps):
                     break
                 start = max([clock[s]] + [times[d][1] for d in deps])
@@ -89,15 +100,17 @@ def unit_time_schedule(orders: Sequence[Sequence[Action]], *, forward: Sequence[
                 remaining -= 1
                 progressed = True
         if not progressed:
-            raise PartitionError("the stage orders deadlock: some action waits on one that never runs")
+            stuck = [repr(orders[s][position[s]]) for s in range(num_stages) if position[s] < len(orders[s])]
+            raise PartitionError(f"the stage orders deadlock: {', '.join(stuck)} wait on actions that never run")
     return times
 
 
 def format_grid(orders: Sequence[Sequence[Action]], *, forward: Sequence[float] | float = 1.0,
-                backward: Sequence[float] | float = 1.0, slot: float | None = None) -> str:
+                backward: Sequence[float] | float = 1.0, slot: float | None = None,
+                edges: tuple[Sequence[int], Sequence[int]] | None = None) -> str:
     """A text grid of :func:`unit_time_schedule`: one row per stage, one column per ``slot`` of time
     (default the shortest pass), ``.`` where the stage idles."""
-    times = unit_time_schedule(orders, forward=forward, backward=backward)
+    times = unit_time_schedule(orders, forward=forward, backward=backward, edges=edges)
     durations = [finish - start for start, finish in times.values() if finish > start]
     slot = slot or (min(durations) if durations else 1.0)
     makespan = max((finish for _, finish in times.values()), default=0.0)

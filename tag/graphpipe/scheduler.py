@@ -27,7 +27,8 @@ from typing import Sequence
 import numpy as np
 
 from tag.errors import TagError
-from tag.exact.schedules import BACKWARD, FORWARD, Action
+from tag.exact.schedules import BACKWARD, FORWARD, Action, format_grid, unit_time_schedule
+from tag.exact.stage_graph import PartitionError
 
 __all__ = [
     "ScheduleError",
@@ -182,57 +183,17 @@ def unit_time_schedule_dag(orders: Sequence[Sequence[Action]], edge_src: Sequenc
                            backward: Sequence[float] | float = 1.0) -> dict[Action, tuple[float, float]]:
     """(start, finish) of every action when stage s's passes take forward[s] / backward[s], with no
     communication time: F(y, m) waits for F(x, m) of every edge x → y; B(x, m) waits for F(x, m) and
-    B(y, m) of every edge x → y. Raises ScheduleError when the orders deadlock."""
-    num_stages = len(orders)
-    src, dst = _edges(num_stages, edge_src, edge_dst)
-    preds: list[list[int]] = [[] for _ in range(num_stages)]
-    succs: list[list[int]] = [[] for _ in range(num_stages)]
-    for a, b in zip(src.tolist(), dst.tolist()):
-        preds[b].append(a)
-        succs[a].append(b)
-    fwd = [float(forward)] * num_stages if np.isscalar(forward) else [float(x) for x in forward]
-    bwd = [float(backward)] * num_stages if np.isscalar(backward) else [float(x) for x in backward]
-    times: dict[Action, tuple[float, float]] = {}
-    position, clock = [0] * num_stages, [0.0] * num_stages
-    remaining = sum(len(o) for o in orders)
-    while remaining:
-        progressed = False
-        for s, order in enumerate(orders):
-            while position[s] < len(order):
-                action = order[position[s]]
-                m = action.micro_batch
-                if action.kind == FORWARD:
-                    deps = [Action(p, FORWARD, m) for p in preds[s]]
-                else:
-                    deps = [Action(s, FORWARD, m)] + [Action(c, BACKWARD, m) for c in succs[s]]
-                if any(d not in times for d in deps):
-                    break
-                start = max([clock[s]] + [times[d][1] for d in deps])
-                finish = start + (fwd[s] if action.kind == FORWARD else bwd[s])
-                times[action] = (start, finish)
-                clock[s] = finish
-                position[s] += 1
-                remaining -= 1
-                progressed = True
-        if not progressed:
-            stuck = [repr(orders[s][position[s]]) for s in range(num_stages) if position[s] < len(orders[s])]
-            raise ScheduleError(f"the stage orders deadlock: {', '.join(stuck)} wait on actions that never run")
-    return times
+    B(y, m) of every edge x → y (:func:`tag.exact.schedules.unit_time_schedule` over the stage DAG).
+    Raises ScheduleError when the orders deadlock."""
+    src, dst = _edges(len(orders), edge_src, edge_dst)
+    try:
+        return unit_time_schedule(orders, forward=forward, backward=backward, edges=(src.tolist(), dst.tolist()))
+    except PartitionError as error:
+        raise ScheduleError(str(error)) from None
 
 
 def format_grid_dag(orders: Sequence[Sequence[Action]], edge_src: Sequence[int], edge_dst: Sequence[int], *,
                     forward: Sequence[float] | float = 1.0, backward: Sequence[float] | float = 1.0) -> str:
     """A text grid of :func:`unit_time_schedule_dag`, one row per stage, ``.`` where it idles."""
-    times = unit_time_schedule_dag(orders, edge_src, edge_dst, forward=forward, backward=backward)
-    slot = min((f - s for s, f in times.values() if f > s), default=1.0)
-    columns = int(round(max((f for _, f in times.values()), default=0.0) / slot))
-    width = max((len(repr(a)) for a in times), default=3)
-    lines = []
-    for s, order in enumerate(orders):
-        cells = ["." * width] * columns
-        for action in order:
-            start, finish = times[action]
-            for c in range(int(round(start / slot)), int(round(finish / slot))):
-                cells[c] = repr(action).ljust(width)
-        lines.append(f"stage {s:<2d}|" + " ".join(cells) + "|")
-    return "\n".join(lines)
+    src, dst = _edges(len(orders), edge_src, edge_dst)
+    return format_grid(orders, forward=forward, backward=backward, edges=(src.tolist(), dst.tolist()))

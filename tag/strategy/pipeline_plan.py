@@ -34,9 +34,9 @@ from tag._atomic import atomic_write_text
 from tag._schema import check_header
 from tag.cluster import Cluster
 from tag.graph import OpGraph
-from tag.strategy.errors import PlanError, PlanMismatchError
+from tag.strategy.errors import PlanError
 from tag.strategy.fingerprint import graph_fingerprint
-from tag.strategy.plan import PLAN_FORMAT, PLAN_SCHEMA_VERSION, _dumps, _field, _int_list, _jsonable, _short
+from tag.strategy.plan import PLAN_FORMAT, PLAN_SCHEMA_VERSION, _dumps, _field, _int_list, _jsonable, check_fingerprints
 
 __all__ = [
     "PIPELINE_KIND",
@@ -145,19 +145,7 @@ def make_pipeline_plan(graph: OpGraph, cluster: Cluster, *, partitioner: str, sc
 def check_pipeline_plan(plan: PipelinePlanFile, *, graph: OpGraph | None = None, cluster: Cluster | None = None,
                         where: str = "plan") -> None:
     """PlanMismatchError unless ``plan`` was made for ``graph`` and ``cluster`` (each checked when given)."""
-    if graph is not None:
-        fingerprint = graph_fingerprint(graph)
-        if fingerprint != plan.model_fingerprint:
-            name = graph.meta.get("model", "model")
-            raise PlanMismatchError(
-                f"{where} was made for model {plan.model_name!r} (fingerprint {_short(plan.model_fingerprint)}), "
-                f"not {name!r} ({_short(fingerprint)})")
-    if cluster is not None:
-        fingerprint = cluster.fingerprint()
-        if fingerprint != plan.cluster_fingerprint:
-            raise PlanMismatchError(
-                f"{where} was made for cluster {plan.cluster_name!r} (fingerprint "
-                f"{_short(plan.cluster_fingerprint)}), not {cluster.name!r} ({_short(fingerprint)})")
+    check_fingerprints(plan, graph=graph, cluster=cluster, where=where)
 
 
 # --------------------------------------------------------------------------------------- JSON

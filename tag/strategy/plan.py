@@ -142,9 +142,11 @@ def make_plan(strategy: Strategy, graph: OpGraph, cluster: Cluster, *,
     )
 
 
-def check_plan(plan: Plan, *, graph: OpGraph | None = None, cluster: Cluster | None = None,
-               where: str = "plan") -> None:
-    """PlanMismatchError unless ``plan`` was made for ``graph`` and ``cluster`` (each checked when given)."""
+def check_fingerprints(plan: Any, *, graph: OpGraph | None = None, cluster: Cluster | None = None,
+                       where: str = "plan") -> None:
+    """PlanMismatchError unless a plan file of any kind (with ``model_name``, ``model_fingerprint``,
+    ``cluster_name`` and ``cluster_fingerprint``) was made for ``graph`` and ``cluster`` (each checked when
+    given)."""
     if graph is not None:
         fingerprint = graph_fingerprint(graph)
         if fingerprint != plan.model_fingerprint:
@@ -152,15 +154,22 @@ def check_plan(plan: Plan, *, graph: OpGraph | None = None, cluster: Cluster | N
             raise PlanMismatchError(
                 f"{where} was made for model {plan.model_name!r} (fingerprint {_short(plan.model_fingerprint)}), "
                 f"not {name!r} ({_short(fingerprint)})")
-        if plan.assignment is not None and len(plan.assignment) != graph.num_ops:
-            raise PlanMismatchError(f"{where}: grouping.assignment has {len(plan.assignment)} entries for "
-                                    f"{graph.num_ops} ops")
     if cluster is not None:
         fingerprint = cluster.fingerprint()
         if fingerprint != plan.cluster_fingerprint:
             raise PlanMismatchError(
                 f"{where} was made for cluster {plan.cluster_name!r} (fingerprint "
                 f"{_short(plan.cluster_fingerprint)}), not {cluster.name!r} ({_short(fingerprint)})")
+
+
+def check_plan(plan: Plan, *, graph: OpGraph | None = None, cluster: Cluster | None = None,
+               where: str = "plan") -> None:
+    """PlanMismatchError unless ``plan`` was made for ``graph`` and ``cluster`` (each checked when given)."""
+    check_fingerprints(plan, graph=graph, cluster=cluster, where=where)
+    if graph is not None and plan.assignment is not None and len(plan.assignment) != graph.num_ops:
+        raise PlanMismatchError(f"{where}: grouping.assignment has {len(plan.assignment)} entries for "
+                                f"{graph.num_ops} ops")
+    if cluster is not None:
         if not np.array_equal(cluster.device_group, plan.device_group):
             raise PlanMismatchError(
                 f"{where} groups the devices of cluster {cluster.name!r} as {plan.device_group.tolist()}, "
