@@ -9,6 +9,9 @@ batches, M = min(S, batch / R)), whether the exact mapping is proven optimal (el
 solve time. A readable table goes to stderr, one JSON line of the figures to stdout.
 
     .venv/bin/python scripts/bench_mapping.py [--time-limit 60] [--models resnet152 bert-large]
+        [--topologies "2d mesh" ...] [--shapes 8,8 ...]
+
+The last three filters pick cells; e.g. one cell: ``--models resnet152 --topologies "2d torus" --shapes 16,4``.
 """
 
 from __future__ import annotations
@@ -105,12 +108,14 @@ def main() -> None:
     parser.add_argument("--time-limit", type=float, default=60.0, help="seconds per cell (default 60)")
     parser.add_argument("--models", nargs="+", default=["resnet152", "bert-large"])
     parser.add_argument("--topologies", nargs="+", default=list(TOPOLOGIES), choices=list(TOPOLOGIES))
+    parser.add_argument("--shapes", nargs="+", default=[f"{s},{r}" for s, r in SHAPES],
+                        choices=[f"{s},{r}" for s, r in SHAPES], help="(S, R) pairs as S,R")
     args = parser.parse_args()
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     cells = []
     for model in args.models:
         for topology in args.topologies:
-            for shape in SHAPES:
+            for shape in (tuple(int(n) for n in text.split(",")) for text in args.shapes):
                 cell = run_cell(model, topology, TOPOLOGIES[topology], shape, args.time_limit)
                 log.info("%s %s %s: %.2fx, %s, %.2f s", model, topology, shape, cell["speedup"],
                          "optimal" if cell["proven"] else f"gap {cell['gap']:.3g}", cell["solve_time_s"])

@@ -127,6 +127,56 @@ def test_lower_bounds_never_exceed_the_optimum(mode):
         assert initial <= assignment <= optimum * (1 + 1e-12), n
 
 
+def test_p2p_vertex_bound_puts_adjacent_stages_on_distinct_devices():
+    """eq. (10) per device: the least eq. (6) time over every placement of the adjacent stages on distinct
+    other devices, written out by brute force (with latency, where no sorting gives it)."""
+    for n, problem in RANDOM_INSTANCES[:30]:
+        tables = search_tables(problem)
+        compute = problem.compute_time()
+        for s, neighbours in enumerate(kernel.stage_adjacency(problem.num_stages, tables.pair_stages)):
+            links = [k for k, _ in neighbours]
+            for x in range(problem.num_devices):
+                others = [d for d in range(problem.num_devices) if d != x]
+                least = min((compute[s, x] + sum(tables.transfer[k, x, y] for k, y in zip(links, ys))
+                             for ys in itertools.permutations(others, len(links))), default=math.inf)
+                assert tables.p2p_bound[s, x] <= least, (n, s, x)
+                assert tables.p2p_bound[s, x] == pytest.approx(least, rel=1e-12), (n, s, x)
+
+
+def test_a_hub_stage_is_bound_to_a_mesh_device_with_room_for_its_neighbours():
+    """Four adjacent stages one hop from a hub fit only around the centre of a 3×3 mesh (with latency,
+    the independent cheapest links would allow a corner too): the bound rules out the corner, so the
+    search starts at the centre and proves the bound optimal at once."""
+    cluster = resolve_cluster("mesh2d:3x3")
+    problem = MappingProblem.from_cluster(cluster, stage_time=[1.0, 0.0, 0.0, 0.0, 0.0], edge_src=[0, 0, 0, 0],
+                                          edge_dst=[1, 2, 3, 4], edge_bytes=[1e6] * 4, param_bytes=[0.0] * 5,
+                                          replicas=1)
+    tables = search_tables(problem)
+    centre, corner = 4, 0
+    independent = tables.compute[0] + tables.transfer.min(axis=2).sum(axis=0)  # [D]
+    assert independent[corner] == pytest.approx(independent[centre])
+    assert tables.p2p_bound[0, corner] > tables.p2p_bound[0, centre] == pytest.approx(independent[centre])
+    result = solve_mapping(problem, instantiation="p2p", time_limit=10.0)
+    assert result.proven_optimal and result.mapping[0, 0] == centre
+    assert result.max_stage_time == pytest.approx(assignment_lower_bound(problem, "p2p"), rel=1e-12)
+
+
+def test_rings_that_only_one_hop_links_allow_are_built_first():
+    """Parmesan Table III's hard mesh cell in small: on an 8×8 mesh, four stages' rings must use one-hop
+    links only (8-cycles of the grid, such as 2×4 blocks, tiling it), four others may go anywhere. Every stage may use every device,
+    so the search orders the rings by their allowed hops; built after the loose ones, the tight rings
+    face a region no tiling fits, and the search thrashes."""
+    cluster = resolve_cluster("mesh2d:8x8")
+    problem = MappingProblem.from_cluster(cluster, stage_time=[0.01] * 8, edge_src=[], edge_dst=[], edge_bytes=[],
+                                          param_bytes=[1e6, 2e6, 3e6, 4e6, 1e8, 1.01e8, 1.02e8, 1.03e8], replicas=8)
+    result = solve_mapping(problem, instantiation="allreduce", time_limit=10.0)
+    assert result.proven_optimal and result.nodes < 1000
+    assert result.max_stage_time == assignment_lower_bound(problem, "allreduce")
+    one_hop = cluster.bandwidth[0, 1]  # devices 0 and 1: neighbours in the first row
+    tight = result.mapping[4:]
+    assert (cluster.bandwidth[tight, np.roll(tight, -1, axis=1)] == one_hop).all()
+
+
 @pytest.mark.parametrize("mode, search", [
     ("p2p", kernel.search_p2p_stages), ("p2p", kernel.search_p2p_chains), ("allreduce", kernel.search_allreduce),
 ])

@@ -12,13 +12,16 @@ the stage time (Parmesan §V-B):
   time: stage-major (:func:`search_p2p_stages`: every replica of the tightest stage, then its
   neighbours) and chain-major (:func:`search_p2p_chains`: one replica chain after another).
 - :func:`search_allreduce`, eq. (7) with (9): a stage's time is its compute plus its slowest ring hop,
-  so the search builds one ring after another, the most constrained stage first.
+  so the search builds one ring after another, the most constrained stage first (fewest allowed hops).
 
 Each keeps the paper's checking scheme (a vertex's time is checked exactly once every vertex it depends
 on is placed) and adds pruning that never cuts a feasible mapping:
 
 - partial times: a vertex's time with its unplaced partners at their cheapest link (a lower bound,
   computed in the same order of additions as the exact time, so that rounding keeps it a lower bound);
+- vertex bounds (p2p): a device may hold a stage only if the stage's adjacent stages fit on distinct
+  other devices within the target (``SearchTables.p2p_bound``; a mesh's edge device has too few
+  one-hop links for a hub stage);
 - pair masks: bitsets of the device pairs two adjacent vertices may take at this target, made arc
   consistent before the search (p2p); ring graphs peeled to devices with two neighbours inside a
   biconnected block of at least R devices, since a ring is a cycle (allreduce);
@@ -77,6 +80,7 @@ class SearchTables(NamedTuple):
     num_replicas: int
     twin_class: np.ndarray  # [D] int64; devices of one class are interchangeable
     stage_class: np.ndarray  # [S] int64; stages of one class are interchangeable under eq. (7)
+    p2p_bound: np.ndarray  # [S, D] least eq. (6) time of stage s on d, its adjacent stages on distinct devices
 
 
 class Decision(NamedTuple):
@@ -302,7 +306,7 @@ def _p2p_model(tables: SearchTables, target: float) -> _P2PModel:
         bound = compute[s].copy()
         for k, _ in adj[s]:
             bound = bound + cheapest[k]
-        usable_rows[s] = bound <= target
+        usable_rows[s] = (bound <= target) & (tables.p2p_bound[s] <= target)
         rows = []
         for a in range(len(adj[s])):
             value = compute[s][:, None]
@@ -523,9 +527,14 @@ def search_p2p_chains(tables: SearchTables, target: float, deadline: float) -> D
                                        for _, _, jo in placed_before[j])
             dev[i] = NO_DEVICE
             if ok:
-                scored.append((x if j == 0 else own, x))
+                # A chain's first vertex goes lowest device first (the later chains start above it); the
+                # others cheapest first, then Warnsdorff: fewest free devices left for the next vertices,
+                # so that the last chains, which must use up whatever devices are left (a Hamiltonian
+                # path when S·R = D), do not find devices stranded behind them.
+                room = sum((partner[s][a][x] & rest).bit_count() for a in later[j])
+                scored.append((x if j == 0 else own, room, x))
         scored.sort()
-        return [x for _, x in scored]
+        return [x for *_, x in scored]
 
     def viable(i: int, free: int) -> bool:
         remaining = total - i - 1
@@ -687,7 +696,10 @@ def search_allreduce(tables: SearchTables, target: float, deadline: float) -> De
     clock = _Clock(deadline)
     if any(mask.bit_count() < replicas for mask in usable):
         return Decision(INFEASIBLE, None, clock.nodes)
-    order = sorted(range(num_stages), key=lambda s: (usable[s].bit_count(), s))
+    # Most constrained ring first: fewest allowed hops (on a mesh at a tight target every stage may use
+    # every device, but some only the one-hop links), then fewest usable devices.
+    hops = [sum(mask.bit_count() for mask in ring[s]) for s in range(num_stages)]
+    order = sorted(range(num_stages), key=lambda s: (hops[s], usable[s].bit_count(), s))
     stage_class = np.asarray(tables.stage_class).tolist()
     previous_twin = [-1] * num_stages  # index in `order` of the last identical stage before
     for q, s in enumerate(order):

@@ -63,6 +63,8 @@ INSTANTIATIONS = (P2P, ALLREDUCE)  # what the search optimises; FULL is for eval
 _RTOL = 1e-9
 # Relative rounding error per addition allowed for when a bound adds its terms in another order.
 _SUM_ORDER_SLACK = 4 * np.finfo(np.float64).eps
+# Adjacent stages of one stage placed on distinct devices exactly (2^n subsets) up to this many.
+_DISTINCT_NEIGHBOUR_LIMIT = 8
 # The per-pair cost tables of the search may take this much memory.
 _TABLE_LIMIT_BYTES = 1 << 31
 # Stage time values listed at most for the binary search over candidates (else it bisects the interval).
@@ -329,7 +331,48 @@ def search_tables(problem: MappingProblem) -> kernel.SearchTables:
         num_replicas=replicas,
         twin_class=_twin_classes(problem),
         stage_class=_stage_classes(compute, problem.param_bytes),
+        p2p_bound=_p2p_vertex_bounds(compute, pairs, transfer),
     )
+
+
+def _p2p_vertex_bounds(compute: np.ndarray, pair_stages: np.ndarray, transfer: np.ndarray) -> np.ndarray:
+    """[S, D] the least eq. (6) time stage s can have on device d: the inner term of eq. (10).
+
+    Replica r of each adjacent stage sits on its own device other than d, so the least sum of
+    transfers is a min-cost assignment of the n adjacent stages to distinct devices (on a mesh's edge
+    device, four neighbours cannot all be one hop away). Some optimal assignment gives every adjacent
+    stage one of its n cheapest devices (were one elsewhere, one of its n cheapest would be free and no
+    dearer), so a DP over the subsets of adjacent stages runs over those ≤ n² devices, for every d at
+    once. Exact up to ``_DISTINCT_NEIGHBOUR_LIMIT`` adjacent stages; beyond that each takes its cheapest
+    link independently, a weaker bound. The DP adds in another order than eq. (6) does, so its values
+    step down past any rounding difference.
+    """
+    num_stages, num_devices = compute.shape
+    bounds = compute.copy()
+    for s, neighbours in enumerate(kernel.stage_adjacency(num_stages, pair_stages)):
+        links = [k for k, _ in neighbours]
+        n = len(links)
+        if n <= 1 or n > _DISTINCT_NEIGHBOUR_LIMIT:
+            for k in links:  # eq. (6)'s own order of additions: exact where it is the least
+                bounds[s] = bounds[s] + transfer[k].min(axis=1)
+            continue
+        costs = transfer[links]  # [n, D, D] adjacent stage a on device y when s is on x
+        cheapest = np.argpartition(costs, n - 1, axis=2)[:, :, :n]  # [n, D, n]
+        options = np.sort(cheapest.transpose(1, 0, 2).reshape(num_devices, n * n), axis=1)  # [D, n²]
+        option_cost = costs[:, np.arange(num_devices)[:, None], options]  # [n, D, n²]
+        option_cost[:, :, 1:][:, options[:, 1:] == options[:, :-1]] = np.inf  # a device listed twice
+        subsets = np.arange(1 << n)
+        least = np.full((num_devices, len(subsets)), np.inf)  # [D, 2^n] compute + the subset placed
+        least[:, 0] = compute[s]
+        for c in range(n * n):  # each option device takes at most one adjacent stage
+            step = least.copy()
+            for a in range(n):
+                without = subsets[(subsets >> a & 1) == 0]
+                step[:, without | 1 << a] = np.minimum(step[:, without | 1 << a],
+                                                       least[:, without] + option_cost[a, :, c, None])
+            least = step
+        bounds[s] = least[:, -1] * (1.0 - _SUM_ORDER_SLACK * (n + 1))
+    return bounds
 
 
 def _twin_classes(problem: MappingProblem) -> np.ndarray:
@@ -450,35 +493,16 @@ def _device_bounds(problem: MappingProblem, mode: str, tables: kernel.SearchTabl
     """[S, D] the least time stage s can have on device d, whatever the rest of the mapping: the inner
     terms of eqs. (10) and (11).
 
-    eq. (10): the adjacent stages go to distinct other devices; with zero latency the cheapest such
-    choice pairs the largest message with the widest link (rearrangement), which is the "sorting-based
-    approach"; with latency, each neighbour independently takes its cheapest link (still a bound).
+    eq. (10): the adjacent stages go to distinct other devices (:func:`_p2p_vertex_bounds`; with zero
+    latency this is Parmesan's "sorting-based approach", the largest message on the widest link).
     eq. (11): the two ring neighbours take the two cheapest hops, so the second cheapest bounds the ring.
     """
-    compute = tables.compute
-    num_stages, num_devices = compute.shape
-    bounds = compute.copy()
     if mode == P2P:
-        adj = kernel.stage_adjacency(num_stages, tables.pair_stages)
-        _, pair_bytes = problem.stage_pairs()
-        zero_latency = not problem.latency.any()
-        # [D, D] each device's links, widest first (its own 0 last)
-        widest = -np.sort(-np.where(np.eye(num_devices, dtype=bool), 0.0, problem.bandwidth), axis=1)
-        for s in range(num_stages):
-            if not adj[s]:
-                continue
-            if zero_latency and len(adj[s]) <= num_devices - 1:
-                sizes = np.sort(pair_bytes[[k for k, _ in adj[s]]])[::-1]
-                paired = bounds[s] + (sizes[None, :] / widest[:, :len(sizes)]).sum(axis=1)
-                # Summed in another order than eq. (6) is: step down past any rounding difference.
-                bounds[s] = paired * (1.0 - _SUM_ORDER_SLACK * (len(sizes) + 1))
-            else:
-                for k, _ in adj[s]:
-                    bounds[s] = bounds[s] + tables.transfer[k].min(axis=1)
-    elif problem.num_replicas >= 2:
-        rank = 1 if problem.num_replicas >= 3 and num_devices >= 3 else 0
-        bounds = bounds + np.sort(tables.hop, axis=2)[:, :, rank]
-    return bounds
+        return tables.p2p_bound
+    if problem.num_replicas < 2:
+        return tables.compute
+    rank = 1 if problem.num_replicas >= 3 and problem.num_devices >= 3 else 0
+    return tables.compute + np.sort(tables.hop, axis=2)[:, :, rank]
 
 
 def initial_lower_bound(problem: MappingProblem, instantiation: str = AUTO) -> float:
@@ -690,8 +714,10 @@ class _Bisection:
         # what is left (all of it for a round of parallel searches).
         share = min(self.first_share * 2 ** len(self.timed_out), 0.5 * left if count == 1 else left)
         if not self.probed:
+            # The bound itself, within the bisection's tolerance: a bound added up in another order than
+            # the stage times may sit a rounding step below the optimum it equals.
             self.probed = True
-            return [self.low], share
+            return [min(self.low * (1.0 + _RTOL), math.nextafter(self.high, -math.inf))], share
         unknown = [t for t in self.timed_out if self.low < t < self.high]
         regions = [(self.low, self.high)]
         if unknown:  # below the lowest and above the highest timed-out target, in turn
