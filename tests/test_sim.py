@@ -487,6 +487,48 @@ def test_radix_order_is_a_stable_sort():
     assert kernels._radix_order(np.zeros(0)).size == 0
 
 
+def _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_resources):
+    """The list scheduling rule of :mod:`tag.sim.fast` written plainly with heapq (ordinary dependencies)."""
+    import heapq
+
+    waiting, ready, free = indegree.copy(), np.zeros(duration.size), np.zeros(num_resources)
+    start, finish = np.empty(duration.size), np.empty(duration.size)
+    heap = [(0.0, task) for task in np.flatnonzero(waiting == 0).tolist()]
+    while heap:
+        begin, task = heapq.heappop(heap)
+        held = res[res_ptr[task]:res_ptr[task + 1]]
+        begin = max([begin, *free[held]])
+        start[task], finish[task] = begin, begin + duration[task]
+        free[held] = finish[task]
+        for successor in succ[succ_ptr[task]:succ_ptr[task + 1]].tolist():
+            ready[successor] = max(ready[successor], finish[task])
+            waiting[successor] -= 1
+            if waiting[successor] == 0:
+                heapq.heappush(heap, (ready[successor], successor))
+    return start, finish
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_list_schedule_pops_tasks_in_ready_time_then_id_order(seed):
+    """The kernel's heap (branch-free descent, sentinels) and its stream of dependency-free tasks merged with
+    it take tasks in the order of a plain heapq, ties included: many zero-duration tasks make tasks ready at 0
+    through a dependency compete with the stream, and repeated durations make equal ready times later on."""
+    rng = np.random.default_rng(seed)
+    num_tasks, num_resources = 400, 7
+    duration = np.where(rng.random(num_tasks) < 0.4, 0.0, rng.integers(1, 4, num_tasks) * 0.5)
+    dep_task = rng.integers(1, num_tasks, 900)
+    dep_on = (rng.random(900) * dep_task).astype(np.int64)  # earlier tasks only: a DAG
+    holds = rng.integers(1, 3, num_tasks)
+    res_ptr = np.concatenate([[0], np.cumsum(holds)])
+    res = np.concatenate([rng.choice(num_resources, k, replace=False) for k in holds.tolist()])
+    succ_ptr, succ, succ_lag, indegree = kernels.successors_csr(num_tasks, dep_task, dep_on, np.zeros(0))
+    expected = _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_resources)
+    for schedule in (kernels.list_schedule, getattr(kernels.list_schedule, "py_func", kernels.list_schedule)):
+        start, finish = schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, num_resources)
+        np.testing.assert_array_equal(start, expected[0])
+        np.testing.assert_array_equal(finish, expected[1])
+
+
 @pytest.mark.skipif(not kernels.COMPILED, reason="the kernels are plain Python already")
 def test_kernels_agree_with_their_python_source():
     """The fallback without numba runs the same source; check that the source alone gives the same schedule."""

@@ -63,23 +63,32 @@ def _heap_push(keys, ids, size, key, task):
 
 @_jit
 def _heap_pop_root(keys, ids, size):
-    """Remove the root of the heap of ``size`` entries (read it first); returns the new size."""
+    """Remove the root of the heap of ``size`` entries (read it first); returns the new size. Slots from
+    ``size`` on hold the sentinel (inf, -1), which no entry follows, so that a node's second child can be
+    read without a bounds test. The hole left by the root goes down to a leaf along the smaller child, picked
+    without a branch (the picks of a heap are unpredictable), and the last entry rises from there: it
+    belongs near the bottom, so this does about one comparison a level instead of two."""
     size -= 1
+    key, task = keys[size], ids[size]
+    keys[size] = np.inf
+    ids[size] = -1
     if size == 0:
         return 0
-    key, task = keys[size], ids[size]
     position = 0
-    while True:
+    child = 1
+    while child < size:
+        right_key, left_key = keys[child + 1], keys[child]
+        child += np.int64((right_key < left_key) | ((right_key == left_key) & (ids[child + 1] < ids[child])))
+        keys[position] = keys[child]
+        ids[position] = ids[child]
+        position = child
         child = 2 * position + 1
-        if child >= size:
-            break
-        right = child + 1
-        if right < size and (keys[right] < keys[child] or (keys[right] == keys[child] and ids[right] < ids[child])):
-            child = right
-        if keys[child] < key or (keys[child] == key and ids[child] < task):
-            keys[position] = keys[child]
-            ids[position] = ids[child]
-            position = child
+    while position > 0:
+        parent = (position - 1) // 2
+        if keys[parent] > key or (keys[parent] == key and ids[parent] > task):
+            keys[position] = keys[parent]
+            ids[position] = ids[parent]
+            position = parent
         else:
             break
     keys[position] = key
@@ -107,18 +116,23 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
     free = np.zeros(num_resources)  # finish of the last task scheduled on each resource
     start = np.empty(num_tasks)
     finish = np.empty(num_tasks)
-    keys = np.empty(num_tasks)
-    ids = np.empty(num_tasks, dtype=np.int64)
+    keys = np.full(num_tasks + 1, np.inf)  # the heap, sentinels past its end (_heap_pop_root)
+    ids = np.full(num_tasks + 1, -1, dtype=np.int64)
+    # The tasks with no dependency, all keyed 0, come in ascending ids: a sorted stream merged with the heap
+    # rather than thousands of entries in it. Keys are never below 0, so the heap's root goes first only when
+    # it is keyed 0 with a smaller id.
+    sources = np.flatnonzero(waiting == 0)
+    head = 0
     size = 0
-    for task in range(num_tasks):  # ascending ids, all keyed 0: already a heap
-        if waiting[task] == 0:
-            keys[size] = 0.0
-            ids[size] = task
-            size += 1
-    while size > 0:
-        begin = keys[0]
-        task = ids[0]
-        size = _heap_pop_root(keys, ids, size)
+    while head < sources.size or size > 0:
+        if size > 0 and (head == sources.size or (keys[0] == 0.0 and ids[0] < sources[head])):
+            begin = keys[0]
+            task = ids[0]
+            size = _heap_pop_root(keys, ids, size)
+        else:
+            begin = 0.0
+            task = sources[head]
+            head += 1
         for k in range(res_ptr[task], res_ptr[task + 1]):
             if free[res[k]] > begin:
                 begin = free[res[k]]
