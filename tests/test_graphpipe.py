@@ -12,7 +12,7 @@ from conftest import make_graph, random_dag
 from tag.cluster import gpu_type
 from tag.cluster.build import Machine, build_cluster
 from tag.exact.partition import COMM_CROSSINGS, partition_pipedream
-from tag.exact.pipeline import simulate_pipeline
+from tag.exact.pipeline import plan_pipeline, simulate_pipeline
 from tag.exact.schedules import BACKWARD, FORWARD, Action, stage_orders
 from tag.exact.stage_graph import ForwardGraph, PartitionError, build_stage_graph
 from tag.graphpipe import (
@@ -20,6 +20,7 @@ from tag.graphpipe import (
     block_graph,
     check_schedule,
     contract_dangling,
+    depth_frontier,
     graph_stage_orders,
     inflight_samples,
     partition_graphpipe,
@@ -206,6 +207,55 @@ def test_branches_become_parallel_stages_and_the_join_shares_a_branch_stage():
     assert part.edge_src.size == 1 and part.inflight.max() == 2
     sequential = partition_pipedream(fg, stages=2, micro_batches=4, bandwidth=10e9).dp_cost
     assert part.target <= sequential * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_depth_frontier_dominates_every_sequential_chain(seed):
+    """GPP ⊇ SPP: on a chain, for every stage count S the frontier holds a point at most S deep whose
+    bottleneck is at most PipeDream's least bottleneck over at most S stages; the front is Pareto."""
+    rng = np.random.default_rng(200 + seed)
+    n = int(rng.integers(3, 9))
+    fg = _chain_graph(rng, n)
+    devices, micro_batches, bandwidth = int(rng.integers(2, n + 1)), 4, 10e9
+    front = depth_frontier(fg, num_devices=devices, micro_batches=micro_batches, bandwidth=bandwidth,
+                           max_replicas=1, max_chain=64)
+    targets, depths = [t for t, _ in front], [d for _, d in front]
+    assert targets == sorted(targets) and depths == sorted(set(depths), reverse=True)
+    for s in range(1, devices + 1):
+        sequential = min(partition_pipedream(fg, stages=k, micro_batches=micro_batches, bandwidth=bandwidth).dp_cost
+                         for k in range(1, s + 1))
+        assert min(t for t, d in front if d <= s) <= sequential * (1 + 1e-9)
+    for target, depth in front:  # each point rebuilds to a plan of that depth at that bottleneck
+        part = partition_graphpipe(fg, num_devices=devices, micro_batches=micro_batches, bandwidth=bandwidth,
+                                   max_replicas=1, max_chain=64, max_depth=depth, fill_idle=False)
+        assert part.target == target and part.num_stages == depth
+
+
+def _random_fork_join(rng):
+    """A stem, 2-3 branches of 1-3 ops of random work, a join and a head."""
+    branches, edges, ends, k = int(rng.integers(2, 4)), [], [], 1
+    for _ in range(branches):
+        prev = 0
+        for _ in range(int(rng.integers(1, 4))):
+            edges.append((prev, k))
+            prev, k = k, k + 1
+        ends.append(prev)
+    edges += [(e, k) for e in ends] + [(k, k + 1)]
+    flops = (rng.uniform(0.2, 5, k + 2) * 1e12).tolist()
+    return make_graph(edges, n=k + 2, flops=flops, edge_bytes=(rng.uniform(1, 50, len(edges)) * 1e6).tolist())
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_graph_plan_is_never_worse_than_the_sequential_plan(seed):
+    """Both plans scored by one simulator with the same micro-batch and memory rules: the graph
+    planner's search space holds the sequential one, so it never loses."""
+    rng = np.random.default_rng(300 + seed)
+    graph = _random_fork_join(rng)
+    cluster = _cluster(int(rng.integers(2, 5)))
+    graph_plan = plan_graph_pipeline(graph, cluster)
+    sequential = plan_pipeline(graph, cluster, partitioner="pipedream", auto=True)
+    assert graph_plan.result.feasible
+    assert graph_plan.iteration_time <= sequential.iteration_time * (1 + 1e-9)
 
 
 def test_partitioner_reports_memory_infeasibility():

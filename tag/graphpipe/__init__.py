@@ -7,11 +7,12 @@ from tag.graphpipe.partition import (
     BlockGraph,
     GraphPartition,
     block_graph,
+    depth_frontier,
     partition_graphpipe,
     solve_for_target,
 )
 from tag.graphpipe.pipeline import (
-    DEFAULT_RELAX,
+    DEFAULT_SLACK,
     GraphPipelinePlan,
     compile_graph_pipeline,
     graph_stage_graph,
@@ -47,11 +48,11 @@ __all__ = [
     "sp_decompose", "SPTree", "SPNode", "SPError", "LEAF", "SERIES", "PARALLEL", "FALLBACKS", "reachability",
     "contract_dangling", "quotient_dag",
     # stage partitioner (§5)
-    "block_graph", "BlockGraph", "partition_graphpipe", "solve_for_target", "GraphPartition", "DEFAULT_MAX_CHAIN",
+    "block_graph", "BlockGraph", "partition_graphpipe", "solve_for_target", "depth_frontier", "GraphPartition", "DEFAULT_MAX_CHAIN",
     # micro-batch scheduler (§6)
     "inflight_samples", "stage_inflight", "stage_depths", "graph_stage_orders", "check_schedule",
     "unit_time_schedule_dag", "format_grid_dag", "ScheduleError",
     # plans
     "compile_graph_pipeline", "simulate_graph_pipeline", "graph_stage_graph", "GraphPipelinePlan",
-    "plan_graph_pipeline", "DEFAULT_RELAX",
+    "plan_graph_pipeline", "DEFAULT_SLACK",
 ]

@@ -8,7 +8,9 @@ Three layers (STYLE item 8):
   tree (:func:`tag.graphpipe.sp.sp_decompose`) and the tree coarsened so no series has more than
   ``max_chain`` children (consecutive children merged into blocks of balanced compute; a heavy parallel
   child is never merged, so branch parallelism survives);
-- **kernel** (:func:`solve_for_target`): for a target stage time T, the DP of Algorithm 1. A table
+- **kernel** (:func:`solve_for_target`): for a target stage time T, the DP of Algorithm 1, unrolled once
+  per block graph into a flat program of table operations that one compiled call evaluates
+  (:mod:`tag.graphpipe._kernels`; identical operations share a slot). A table
   F[d, o] per subgraph holds the least in-flight count of its entry stage(s) when it gets d devices and
   the stage after it holds o micro-batches (GraphPipe's "minimise the source stage's in-flight count";
   1F1B with one micro-batch size, so a stage's count is one more than its successors'). Cases:
@@ -19,15 +21,22 @@ Three layers (STYLE item 8):
   fold over its children sorted by cost in which a contiguous group may share one stage. One addition
   of ours: the *join tail* of a parallel node (the leaves that follow it in its series) may share the
   last stage of one branch, the other branches then seeing in-flight o + 1; without it a tiny concat /
-  head would need a device of its own.
-- **driver** (:func:`partition_graphpipe`): binary search over the sorted distinct stage times for the
-  least feasible T; the argmins are rebuilt from the tables; devices left idle go to the slowest stages.
+  head would need a device of its own. The branch prefixes this needs are solved in prefix order once
+  per branch, so each tail costs a pass over the branch, not a DP over it.
+- **driver** (:func:`partition_graphpipe`, :func:`depth_frontier`): the shallowest depth is
+  non-increasing in T, so a binary search over the sorted distinct stage times finds the least T at
+  most a given depth, and the Pareto front of (T, depth) costs a bisection per step of the front;
+  every solve is kept per configuration. The argmins are rebuilt from the tables; devices left idle
+  go to the slowest stages.
 
-**Costs** match the sequential partitioners (:mod:`tag.exact.partition`) so that on a chain they agree:
+**Costs** match the sequential partitioners (:mod:`tag.exact.partition`) so that on a chain without
+optimizer work they agree:
 a stage of nodes V with d replicas and M micro-batches takes, per micro-batch,
 Σ_V (fixed + f·scaled) + (2 / bandwidth)·(bytes entering + leaving V at fraction f), f = 1 / (M·d),
-plus the ring all-reduce of its parameters amortised over the M micro-batches,
-2(d − 1)/d · params / bandwidth / M. Memory per device: 4 × parameters (fp32 Adam) + min(i, M) ×
+plus what runs once per iteration amortised over the M micro-batches: the ring all-reduce of its
+parameters, 2(d − 1)/d · params / bandwidth, and its optimizer step (on every replica; in Adam-heavy
+models such as DLRM's embedding tables it outweighs the passes, so a DP blind to it balances the wrong
+thing). M · T is then a lower bound on the iteration time. Memory per device: 4 × parameters (fp32 Adam) + min(i, M) ×
 (activations kept + inputs received) per micro-batch share.
 """
 
@@ -47,7 +56,7 @@ from tag.graphpipe.sp import LEAF, PARALLEL, SERIES, SPTree, _topological_positi
     quotient_dag, sp_decompose
 
 __all__ = ["BlockGraph", "block_graph", "GraphPartition", "partition_graphpipe", "solve_for_target",
-           "DEFAULT_MAX_CHAIN"]
+           "depth_frontier", "DEFAULT_MAX_CHAIN"]
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +77,7 @@ class BlockGraph:
     cost_fixed: np.ndarray  # [K] fwd + bwd seconds that do not scale with the batch
     cost_scaled: np.ndarray  # [K] fwd + bwd seconds at the reference batch that scale
     param_bytes: np.ndarray  # [K]
+    optimizer_time: np.ndarray  # [K] seconds of the optimizer step, once per iteration
     act_fixed: np.ndarray  # [K] bytes kept for backward
     act_scaled: np.ndarray  # [K]
     edge_src: np.ndarray  # [E] block ids
@@ -80,6 +90,11 @@ class BlockGraph:
     members: list[np.ndarray]  # [T] block ids
     root: int
     linear: dict[int, int] = field(default_factory=dict)  # non-leaf node -> its linearised twin (a series)
+    candidates: _Candidates = field(init=False, repr=False)  # stage candidates of the coarsened tree
+    program: _Program = field(init=False, repr=False)  # the DP over them, unrolled once
+    # one _Search per (D, M, capacity, bandwidth, max_replicas): what the bisection, the depth frontier
+    # and the plans of one configuration share
+    searches: dict[tuple, _Search] = field(default_factory=dict, repr=False)
 
     @property
     def num_blocks(self) -> int:
@@ -107,7 +122,8 @@ def block_graph(fg: ForwardGraph, *, reference_type: int = 0, fallback: str = "l
     tree = sp_decompose(num, q_src, q_dst, fallback=fallback)
     cost_fixed = per_block(fg.fwd_fixed[:, t] + fg.bwd_fixed[:, t])
     cost_scaled = per_block(fg.fwd_scaled[:, t] + fg.bwd_scaled[:, t])
-    bg = BlockGraph(fg, t, group, cost_fixed, cost_scaled, per_block(fg.param_bytes), per_block(fg.act_fixed),
+    bg = BlockGraph(fg, t, group, cost_fixed, cost_scaled, per_block(fg.param_bytes),
+                    per_block(fg.optimizer_time[:, t]), per_block(fg.act_fixed),
                     per_block(fg.act_scaled), q_src, q_dst, q_fixed, q_scaled, tree, [], [], [], -1)
     cost = cost_fixed + cost_scaled
     bg.root = _coarsen(bg, tree, tree.root, cost, max_chain)
@@ -116,6 +132,8 @@ def block_graph(fg: ForwardGraph, *, reference_type: int = 0, fallback: str = "l
             if bg.kind[v] == PARALLEL or (bg.kind[v] == SERIES and any(bg.kind[c] == PARALLEL
                                                                        for c in bg.children[v])):
                 bg.linear[v] = _linear_twin(bg, v, cost, max_chain)
+    bg.candidates = _enumerate(bg)
+    bg.program = _Program(bg, bg.candidates)
     return bg
 
 
@@ -207,6 +225,7 @@ class _Candidates:
         self.cost_fixed = mask @ bg.cost_fixed  # [C]
         self.cost_scaled = mask @ bg.cost_scaled
         self.params = mask @ bg.param_bytes
+        self.optimizer = mask @ bg.optimizer_time
         self.act_fixed = mask @ bg.act_fixed
         self.act_scaled = mask @ bg.act_scaled
         src_in, dst_in = mask[:, bg.edge_src], mask[:, bg.edge_dst]  # [C, E]
@@ -254,173 +273,166 @@ def _enumerate(bg: BlockGraph) -> _Candidates:
     return cands
 
 
-# ------------------------------------------------------------------------------------------- tables
+# ------------------------------------------------------------------------------------------- program
 
 
-class _Tab:
-    """A DP table and how to rebuild its argmin: ``op`` in stage / series / parallel / min / shift / id."""
+class _Program:
+    """Algorithm 1's recursion over the coarsened SP tree, unrolled once per block graph into a flat
+    list of table operations (:mod:`tag.graphpipe._kernels`); identical operations share a slot, and
+    every target of the binary search runs the list in one kernel call."""
 
-    __slots__ = ("op", "val", "args", "choice")
+    def __init__(self, bg: BlockGraph, cands: _Candidates) -> None:
+        self.bg, self.cands = bg, cands
+        self.kind: list[int] = []
+        self.arg_a: list[int] = []
+        self.arg_b: list[int] = []
+        self._slot: dict[tuple[int, int, int], int] = {}
+        self._node: dict[int, int] = {}
+        self.series_identity = self._emit(K.SERIES_ID)
+        self.parallel_identity = self._emit(K.PARALLEL_ID)
+        self.root = self.node(bg.root)
+        self.arrays = tuple(np.asarray(x, dtype=np.int64) for x in (self.kind, self.arg_a, self.arg_b))
 
-    def __init__(self, op: str, val: np.ndarray, args: tuple = (), choice: np.ndarray | None = None) -> None:
-        self.op, self.val, self.args, self.choice = op, val, args, choice
+    def _emit(self, kind: int, a: int = -1, b: int = -1) -> int:
+        key = (kind, a, b)
+        slot = self._slot.get(key)
+        if slot is None:
+            slot = len(self.kind)
+            self._slot[key] = slot
+            self.kind.append(kind)
+            self.arg_a.append(a)
+            self.arg_b.append(b)
+        return slot
 
+    def stage(self, key: tuple) -> int:
+        return self._emit(K.STAGE, self.cands.key_to_id[key])
 
-def _series_tab(first: _Tab, second: _Tab) -> _Tab:
-    val, split = K.series(first.val, second.val)
-    return _Tab("series", val, (first, second), split)
+    def series(self, first: int, second: int) -> int:
+        if first == self.series_identity:
+            return second
+        if second == self.series_identity:
+            return first
+        return self._emit(K.SERIES, first, second)
 
+    def parallel(self, left: int, right: int) -> int:
+        return left if right == self.parallel_identity else self._emit(K.PARALLEL, left, right)
 
-def _parallel_tab(left: _Tab, right: _Tab) -> _Tab:
-    val, split = K.parallel(left.val, right.val)
-    return _Tab("parallel", val, (left, right), split)
+    def minimum(self, slots: list[int | None]) -> int | None:
+        """The elementwise least of ``slots`` (ties to the earliest); None stands for "no option"."""
+        out = None
+        for s in slots:
+            if s is not None:
+                out = s if out is None or out == s else self._emit(K.MIN, out, s)
+        return out
 
-
-def _min_tab(tabs: list[_Tab]) -> _Tab | None:
-    tabs = [t for t in tabs if t is not None]
-    if not tabs:
-        return None
-    if len(tabs) == 1:
-        return tabs[0]
-    stack = np.stack([t.val for t in tabs])
-    choice = np.argmin(stack, axis=0)
-    return _Tab("min", np.min(stack, axis=0), tuple(tabs), choice)
-
-
-def _shift_tab(tab: _Tab) -> _Tab:
-    val = np.full_like(tab.val, K.INF)
-    val[:, :-1] = tab.val[:, 1:]
-    return _Tab("shift", val, (tab,))
-
-
-class _Solver:
-    """All tables of one target: stage tables from ``omax`` [C, D+1], node tables by recursion."""
-
-    def __init__(self, bg: BlockGraph, cands: _Candidates, omax: np.ndarray, depth_limit: int) -> None:
-        self.bg, self.cands, self.omax, self.depth_limit = bg, cands, omax, depth_limit
-        num = omax.shape[1]
-        self.series_identity = _Tab("id", np.tile(np.arange(depth_limit + 1, dtype=np.int64), (num, 1)))
-        self.parallel_identity = _Tab("id", np.zeros((num, depth_limit + 1), dtype=np.int64))
-        self.stage_cache: dict[int, _Tab] = {}
-        self.node_cache: dict[int, _Tab] = {}
-
-    def stage(self, key: tuple) -> _Tab:
-        cid = self.cands.key_to_id[key]
-        tab = self.stage_cache.get(cid)
-        if tab is None:
-            tab = _Tab("stage", K.stage_table(self.omax[cid], self.depth_limit), (cid,))
-            self.stage_cache[cid] = tab
-        return tab
-
-    def node(self, v: int) -> _Tab:
-        tab = self.node_cache.get(v)
-        if tab is None:
+    def node(self, v: int) -> int:
+        slot = self._node.get(v)
+        if slot is None:
             kind = self.bg.kind[v]
             if kind == LEAF:
-                tab = self.stage(("node", v))
+                slot = self.stage(("node", v))
             elif kind == SERIES:
-                tab = self._series(v)
+                slot = self._series(v)
             else:
-                tab = self._parallel_fold(v, shifted=False)[0]
+                slot = self._parallel_fold(v, shifted=False)[0]
             if v in self.bg.linear:
-                tab = _min_tab([tab, self.node(self.bg.linear[v])])
-            self.node_cache[v] = tab
-        return tab
+                slot = self.minimum([slot, self.node(self.bg.linear[v])])
+            self._node[v] = slot
+        return slot
 
-    def _chain(self, spans: list[list[tuple[int, _Tab]]], end: int) -> _Tab | None:
-        """g[0] of g[i] = min over spans (i → j, tab) of series(tab, g[j]), g[end] = identity."""
-        g: list[_Tab | None] = [None] * (end + 1)
-        g[end] = self.series_identity
-        for i in range(end - 1, -1, -1):
-            g[i] = _min_tab([_series_tab(tab, g[j]) for j, tab in spans[i] if g[j] is not None])
+    def _series(self, v: int) -> int:
+        """g[i] = min over spans i → j of series(span, g[j]); a span is a child by its own table, a range
+        of children as one stage, or a parallel child whose join tail shares a branch's last stage."""
+        kids = self.bg.children[v]
+        n = len(kids)
+        g: list[int | None] = [None] * n + [self.series_identity]
+        for i in range(n - 1, -1, -1):
+            options = [self.series(self.node(kids[i]), g[i + 1])]
+            options += [self.series(self.stage(("range", v, i, j)), g[j]) for j in range(i + 2, n + 1)]
+            if self.bg.kind[kids[i]] == PARALLEL:
+                prefixes = [self._prefixes(b) for b in self.bg.children[kids[i]]]
+                for j in range(i + 2, _tail_end(self.bg, kids, i) + 1):
+                    options.append(self.series(self._parallel_fold(kids[i], shifted=True, tail=(v, i, j),
+                                                                   prefixes=prefixes)[1], g[j]))
+            g[i] = self.minimum(options)
         return g[0]
 
-    def _series(self, v: int) -> _Tab:
-        kids = self.bg.children[v]
-        n = len(kids)
-        spans: list[list[tuple[int, _Tab]]] = [[] for _ in range(n)]
-        for i in range(n):
-            spans[i].append((i + 1, self.node(kids[i])))
-            for j in range(i + 2, n + 1):
-                spans[i].append((j, self.stage(("range", v, i, j))))
-            if self.bg.kind[kids[i]] == PARALLEL:
-                for j in range(i + 2, _tail_end(self.bg, kids, i) + 1):
-                    tail = ("node", kids[i + 1]) if j == i + 2 else ("range", v, i + 1, j)
-                    if self.omax[self.cands.key_to_id[tail]].max() < 1:
-                        break  # a longer tail is slower still
-                    spans[i].append((j, self._absorbed(v, i, j)))
-        return self._chain(spans, n)
-
-    def _extended(self, v: int, i: int, j: int, branch: int) -> _Tab | None:
-        """A branch of child i followed by the tail kids[i+1:j] whose last stage holds the whole tail."""
+    def _prefixes(self, branch: int) -> list[int]:
+        """P[k] (k < n) of a branch's chain of n children: the best stages for its first k children as a
+        subgraph, P[0] the identity (prefix order, so every join tail reuses them)."""
         chain = _series_children(self.bg, branch)
         n = len(chain)
-        spans: list[list[tuple[int, _Tab]]] = [[] for _ in range(n + 1)]
-        for k in range(n):
-            if n > 1:
-                spans[k].append((k + 1, self.node(chain[k])))
-                for end in range(k + 2, n + 1):
-                    spans[k].append((end, self.stage(("range", branch, k, end))))
-            spans[k].append((n + 1, self.stage(("ext", v, i, j, branch, k))))
-        return self._chain(spans, n + 1)
+        prefix = [self.series_identity]
+        for k in range(1, n):
+            options = [self.series(prefix[k - 1], self.node(chain[k - 1]))]
+            options += [self.series(prefix[a], self.stage(("range", branch, a, k))) for a in range(k - 1)]
+            prefix.append(self.minimum(options))
+        return prefix
 
-    def _absorbed(self, v: int, i: int, j: int) -> _Tab | None:
-        parallel = self.bg.children[v][i]
-        return self._parallel_fold(parallel, shifted=True, tail=(v, i, j))[1]
+    def _extended(self, tail: tuple, branch: int, prefix: list[int]) -> int | None:
+        """A branch followed by the join tail, whose last stage holds the branch's children k.. and the tail."""
+        v, i, j = tail
+        return self.minimum([self.series(prefix[k], self.stage(("ext", v, i, j, branch, k)))
+                             for k in range(len(prefix))])
 
-    def _parallel_fold(self, v: int, *, shifted: bool, tail: tuple | None = None) -> tuple[_Tab, _Tab | None]:
+    def _parallel_fold(self, v: int, *, shifted: bool, tail: tuple | None = None,
+                       prefixes: list[list[int]] | None = None) -> tuple[int, int | None]:
         """(fold without a tail, fold where one branch also holds the tail); with ``shifted`` the
-        branches see in-flight o + 1 (they feed the tail's stage)."""
+        branches see in-flight o + 1 (they feed the tail's stage). A contiguous group of branches
+        (sorted by cost) may share one stage."""
         kids = self.bg.children[v]
         n = len(kids)
-        wrap = _shift_tab if shifted else (lambda t: t)
-        plain: list[_Tab | None] = [self.parallel_identity] + [None] * n
-        with_tail: list[_Tab | None] = [None] * (n + 1)
+
+        def wrap(slot: int) -> int:
+            return self._emit(K.SHIFT, slot) if shifted else slot
+
+        def group(a: int, k: int) -> int:
+            return wrap(self.stage(("group", v, a, k) if (a, k) != (0, n) else ("node", v)))
+
+        plain: list[int | None] = [self.parallel_identity] + [None] * n
+        with_tail: list[int | None] = [None] * (n + 1)
         for k in range(1, n + 1):
-            options = [_parallel_tab(wrap(self.node(kids[k - 1])), plain[k - 1])]
-            for a in range(k - 1):
-                options.append(_parallel_tab(wrap(self.stage(("group", v, a, k) if (a, k) != (0, n)
-                                                               else ("node", v))), plain[a]))
-            plain[k] = _min_tab(options)
+            options = [self.parallel(wrap(self.node(kids[k - 1])), plain[k - 1])]
+            options += [self.parallel(group(a, k), plain[a]) for a in range(k - 1)]
+            plain[k] = self.minimum(options)
             if tail is None:
                 continue
-            options = []
-            ext = self._extended(*tail, kids[k - 1])
-            if ext is not None:
-                options.append(_parallel_tab(ext, plain[k - 1]))
+            options = [self.parallel(self._extended(tail, kids[k - 1], prefixes[k - 1]), plain[k - 1])]
             if with_tail[k - 1] is not None:
-                options.append(_parallel_tab(wrap(self.node(kids[k - 1])), with_tail[k - 1]))
-            for a in range(k - 1):
-                if with_tail[a] is not None:
-                    options.append(_parallel_tab(wrap(self.stage(("group", v, a, k) if (a, k) != (0, n)
-                                                                 else ("node", v))), with_tail[a]))
-            with_tail[k] = _min_tab(options)
+                options.append(self.parallel(wrap(self.node(kids[k - 1])), with_tail[k - 1]))
+            options += [self.parallel(group(a, k), with_tail[a]) for a in range(k - 1) if with_tail[a] is not None]
+            with_tail[k] = self.minimum(options)
         return plain[n], with_tail[n]
 
+    def run(self, omax: np.ndarray, depth_limit: int) -> tuple[np.ndarray, np.ndarray]:
+        """(val, choice) [P, D+1, O+1] of every slot at ``omax`` [C, D+1]."""
+        return K.run_program(*self.arrays, omax, depth_limit)
 
-def _expand(tab: _Tab, d: int, o: int, omax: np.ndarray, out: list[tuple[int, int, int]]) -> None:
-    """Append (candidate id, replicas, in-flight) of every stage of ``tab``'s argmin at (d, o)."""
-    stack = [(tab, d, o)]
-    while stack:
-        tab, d, o = stack.pop()
-        if tab.op == "stage":
-            cid = tab.args[0]
-            replicas = next(r for r in range(1, d + 1) if o + 1 <= omax[cid, r])
-            out.append((cid, replicas, o + 1))
-        elif tab.op == "series":
-            first, second = tab.args
-            d1 = int(tab.choice[d, o])
-            stack.append((second, d - d1, o))
-            stack.append((first, d1, int(second.val[d - d1, o])))
-        elif tab.op == "parallel":
-            left, right = tab.args
-            d1 = int(tab.choice[d, o])
-            stack.append((right, d - d1, o))
-            stack.append((left, d1, o))
-        elif tab.op == "min":
-            stack.append((tab.args[int(tab.choice[d, o])], d, o))
-        elif tab.op == "shift":
-            stack.append((tab.args[0], d, o + 1))
+    def expand(self, val: np.ndarray, choice: np.ndarray, d: int, o: int,
+               omax: np.ndarray) -> list[tuple[int, int, int]]:
+        """(candidate id, replicas, in-flight) of every stage of the root's argmin at (d, o)."""
+        kind, arg_a, arg_b = self.kind, self.arg_a, self.arg_b
+        out: list[tuple[int, int, int]] = []
+        stack = [(self.root, d, o)]
+        while stack:
+            p, d, o = stack.pop()
+            op, a, b = kind[p], arg_a[p], arg_b[p]
+            if op == K.STAGE:
+                replicas = next(r for r in range(1, d + 1) if o + 1 <= omax[a, r])
+                out.append((a, replicas, o + 1))
+            elif op == K.SERIES:
+                d1 = int(choice[p, d, o])
+                stack.append((b, d - d1, o))
+                stack.append((a, d1, int(val[b, d - d1, o])))
+            elif op == K.PARALLEL:
+                d1 = int(choice[p, d, o])
+                stack.append((b, d - d1, o))
+                stack.append((a, d1, o))
+            elif op == K.MIN:
+                stack.append((b if choice[p, d, o] else a, d, o))
+            elif op == K.SHIFT:
+                stack.append((a, d, o + 1))
+        return out
 
 
 # ------------------------------------------------------------------------------------------- driver
@@ -468,9 +480,10 @@ def _tables(cands: _Candidates, num_devices: int, micro_batches: int, batch: int
     c = cands
     time_ = (c.cost_fixed[:, None] + fraction[None, :] * c.cost_scaled[:, None]
              + comm * (c.io_fixed[:, None] + fraction[None, :] * c.io_scaled[:, None]))
+    once = np.broadcast_to(c.optimizer[:, None], time_.shape)  # [C, D+1] per iteration, every replica
     if np.isfinite(bandwidth):
-        allreduce = 2.0 * np.maximum(d - 1, 0) / np.maximum(d, 1) * c.params[:, None] / bandwidth
-        time_ = time_ + allreduce / micro_batches
+        once = once + 2.0 * np.maximum(d - 1, 0) / np.maximum(d, 1) * c.params[:, None] / bandwidth
+    time_ = time_ + once / micro_batches
     allowed = (d >= 1) & (d <= max_replicas) & (d * micro_batches <= batch)
     time_[:, ~allowed] = np.inf
     depth_limit = num_devices
@@ -485,41 +498,102 @@ def _tables(cands: _Candidates, num_devices: int, micro_batches: int, batch: int
     return _Tables(time_, limit, depth_limit)
 
 
-def solve_for_target(bg: BlockGraph, cands: _Candidates, tables: _Tables, target: float
-                     ) -> tuple[int, list[tuple[int, int, int]] | None]:
+class _Search:
+    """One configuration (D, M, memory, bandwidth, replica cap): its tables, the distinct stage times
+    the binary search runs over, and the shallowest depth found at each, kept across bisection steps,
+    frontier points and plans."""
+
+    def __init__(self, program: _Program, tables: _Tables) -> None:
+        self.program, self.tables = program, tables
+        self.values = np.unique(tables.time[np.isfinite(tables.time)])  # [V] candidate targets, ascending
+        self._depth: dict[int, int] = {}
+
+    def solve(self, index: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(val, choice, omax) of the DP at target ``values[index]``."""
+        t = self.tables
+        omax = np.where(t.time <= self.values[index], t.memory_limit, -1).astype(np.int64)
+        val, choice = self.program.run(omax, t.depth_limit)
+        self._depth[index] = int(val[self.program.root, -1, 0])
+        return val, choice, omax
+
+    def depth(self, index: int) -> int:
+        """The shallowest pipeline (entry in-flight count) meeting ``values[index]``; INF when none."""
+        if index not in self._depth:
+            self.solve(index)
+        return self._depth[index]
+
+    def least(self, max_depth: int) -> int | None:
+        """The least target index whose shallowest plan is at most ``max_depth`` deep (binary search,
+        Algorithm 1: the depth is non-increasing in the target)."""
+        if not self.values.size or self.depth(self.values.size - 1) > max_depth:
+            return None
+        low, high = 0, self.values.size - 1
+        while low < high:
+            mid = (low + high) // 2
+            if self.depth(mid) <= max_depth:
+                high = mid
+            else:
+                low = mid + 1
+        return low
+
+    def frontier(self) -> list[int]:
+        """Target indices of the Pareto front of (bottleneck, depth): the least feasible target, then
+        every target at which the shallowest depth drops. Between two targets of equal depth none
+        drops (monotone), so the front costs a bisection per step, not a solve per target."""
+        first = self.least(K.INF - 1)
+        if first is None:
+            return []
+        points = [first]
+
+        def split(low: int, high: int) -> None:  # depth(low) > depth(high)
+            if high == low + 1:
+                points.append(high)
+                return
+            mid = (low + high) // 2
+            if self.depth(mid) < self.depth(low):
+                split(low, mid)
+            if self.depth(high) < self.depth(mid):
+                split(mid, high)
+
+        last = self.values.size - 1
+        if self.depth(last) < self.depth(first):
+            split(first, last)
+        return sorted(points)
+
+
+def _search(bg: BlockGraph, num_devices: int, micro_batches: int, capacity: float, bandwidth: float,
+            max_replicas: int | None) -> _Search:
+    key = (num_devices, micro_batches, capacity, bandwidth, max_replicas)
+    search = bg.searches.get(key)
+    if search is None:
+        tables = _tables(bg.candidates, num_devices, micro_batches, bg.fg.batch_size, capacity, bandwidth,
+                         num_devices if max_replicas is None else max_replicas)
+        search = _Search(bg.program, tables)
+        bg.searches[key] = search
+    return search
+
+
+def solve_for_target(bg: BlockGraph, tables: _Tables, target: float) -> tuple[int, list[tuple[int, int, int]] | None]:
     """(least entry in-flight count, stages as (candidate, replicas, in-flight)) meeting ``target``
     seconds per micro-batch on all D devices; (INF, None) when nothing does."""
     omax = np.where(tables.time <= target, tables.memory_limit, -1).astype(np.int64)
-    solver = _Solver(bg, cands, omax, tables.depth_limit)
-    root = solver.node(bg.root)
+    val, choice = bg.program.run(omax, tables.depth_limit)
     num_devices = omax.shape[1] - 1
-    value = int(root.val[num_devices, 0])
+    value = int(val[bg.program.root, num_devices, 0])
     if value >= K.INF:
         return value, None
-    out: list[tuple[int, int, int]] = []
-    _expand(root, num_devices, 0, omax, out)
-    return value, out
+    return value, bg.program.expand(val, choice, num_devices, 0, omax)
 
 
-def _feasible(bg, cands, tables, target) -> bool:
-    omax = np.where(tables.time <= target, tables.memory_limit, -1).astype(np.int64)
-    root = _Solver(bg, cands, omax, tables.depth_limit).node(bg.root)
-    return int(root.val[omax.shape[1] - 1, 0]) < K.INF
-
-
-def _search_target(bg, cands, tables) -> float | None:
-    """The least distinct stage time T at which the DP is feasible (binary search, Algorithm 1)."""
-    values = np.unique(tables.time[np.isfinite(tables.time)])
-    if values.size == 0 or not _feasible(bg, cands, tables, float(values[-1])):
-        return None
-    low, high = 0, values.size - 1
-    while low < high:
-        mid = (low + high) // 2
-        if _feasible(bg, cands, tables, float(values[mid])):
-            high = mid
-        else:
-            low = mid + 1
-    return float(values[low])
+def depth_frontier(fg: ForwardGraph | BlockGraph, *, num_devices: int, micro_batches: int,
+                   capacity: float = np.inf, bandwidth: float, max_replicas: int | None = None,
+                   **block_options: Any) -> list[tuple[float, int]]:
+    """(bottleneck seconds per micro-batch, shallowest depth) at every point of the Pareto front the
+    DP reaches, least bottleneck first: every sequential or graph pipeline it can express is dominated
+    by one of them. ``block_options`` go to :func:`block_graph` when ``fg`` is not one yet."""
+    bg = fg if isinstance(fg, BlockGraph) else block_graph(fg, **block_options)
+    search = _search(bg, num_devices, micro_batches, capacity, bandwidth, max_replicas)
+    return [(float(search.values[i]), search.depth(i)) for i in search.frontier()]
 
 
 def _stage_dag(bg: BlockGraph, block_stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -549,14 +623,14 @@ def _fill_idle(stages: list[list[int]], tables: _Tables, num_devices: int) -> No
 
 def partition_graphpipe(fg: ForwardGraph | BlockGraph, *, num_devices: int, micro_batches: int,
                         capacity: float = np.inf, bandwidth: float, reference_type: int = 0,
-                        max_replicas: int | None = None, target: float | None = None, relax: float = 1.0,
-                        fallback: str = "linearise", max_chain: int = DEFAULT_MAX_CHAIN,
-                        fill_idle: bool = True) -> GraphPartition:
+                        max_replicas: int | None = None, target: float | None = None,
+                        max_depth: int | None = None, fallback: str = "linearise",
+                        max_chain: int = DEFAULT_MAX_CHAIN, fill_idle: bool = True) -> GraphPartition:
     """GraphPipe's stage partitioner for M = ``micro_batches`` on ``num_devices`` devices.
 
-    The binary search finds the least bottleneck stage time T* (seconds per micro-batch, module
-    docstring); with ``relax`` > 1 the plan is rebuilt at the least distinct stage time ≥ relax · T*
-    (fewer stages, a shallower pipeline); ``target`` fixes T instead. ``max_replicas`` caps the
+    The binary search finds the least bottleneck stage time T (seconds per micro-batch, module
+    docstring) whose shallowest plan is at most ``max_depth`` stages deep (default: any depth, T*);
+    the plan at T is the shallowest one. ``target`` fixes T instead. ``max_replicas`` caps the
     data-parallel degree of a stage. Raises PartitionError when nothing fits.
     """
     for name, value in (("num_devices", num_devices), ("micro_batches", micro_batches)):
@@ -564,39 +638,33 @@ def partition_graphpipe(fg: ForwardGraph | BlockGraph, *, num_devices: int, micr
             raise PartitionError(f"{name} must be a positive integer, got {value!r}")
     if not bandwidth > 0:
         raise PartitionError(f"bandwidth must be positive, got {bandwidth!r}")
+    if max_depth is not None and (isinstance(max_depth, bool) or max_depth < 1):
+        raise PartitionError(f"max_depth must be a positive integer, got {max_depth!r}")
     start = time.perf_counter()
     bg = fg if isinstance(fg, BlockGraph) else block_graph(fg, reference_type=reference_type, fallback=fallback,
                                                            max_chain=max_chain)
-    cands = getattr(bg, "_candidates", None)
-    if cands is None:
-        cands = _enumerate(bg)
-        bg._candidates = cands  # type: ignore[attr-defined]
-    batch = bg.fg.batch_size
-    cache = bg.__dict__.setdefault("_searches", {})
-    key = (num_devices, micro_batches, capacity, bandwidth, max_replicas)
-    if key not in cache:  # the binary search does not depend on relax: run it once per configuration
-        tables = _tables(cands, num_devices, micro_batches, batch, capacity, bandwidth,
-                         num_devices if max_replicas is None else max_replicas)
-        cache[key] = (tables, _search_target(bg, cands, tables))
-    tables, best = cache[key]
-    best = best if target is None else float(target)
-    if best is None:
+    search = _search(bg, num_devices, micro_batches, capacity, bandwidth, max_replicas)
+    best_index = search.least(K.INF - 1)
+    if best_index is None:
         raise PartitionError(f"no graph of stages on {num_devices} devices with {micro_batches} micro-batches "
                              f"fits device memory ({capacity / 2**30:.3g} GiB)")
-    chosen = best
-    if target is None and relax > 1.0:
-        values = np.unique(tables.time[np.isfinite(tables.time)])
-        chosen = float(values[np.searchsorted(values, best * relax)]) if best * relax <= values[-1] else \
-            float(values[-1])
-    value, stages = solve_for_target(bg, cands, tables, chosen)
+    if target is not None:
+        chosen = float(target)
+    else:
+        index = search.least(K.INF - 1 if max_depth is None else max_depth)
+        if index is None:
+            raise PartitionError(f"no graph of stages is at most {max_depth} stages deep")
+        chosen = float(search.values[index])
+    value, stages = solve_for_target(bg, search.tables, chosen)
     if stages is None:
         raise PartitionError(f"no graph of stages meets a bottleneck of {chosen:.4g} s per micro-batch")
+    tables = search.tables
     stage_list = [[cid, replicas, inflight] for cid, replicas, inflight in stages]
     if fill_idle:
         _fill_idle(stage_list, tables, num_devices)
     block_stage = np.full(bg.num_blocks, -1, dtype=np.int64)
     for k, (cid, _, _) in enumerate(stage_list):
-        block_stage[cands.sets[cid]] = k
+        block_stage[bg.candidates.sets[cid]] = k
     if (block_stage < 0).any():
         raise PartitionError("internal error: the stages do not cover the graph")
     rank, edge_src, edge_dst = _stage_dag(bg, block_stage)
@@ -605,7 +673,8 @@ def partition_graphpipe(fg: ForwardGraph | BlockGraph, *, num_devices: int, micr
     inflight = np.array([stage_list[k][2] for k in order], dtype=np.int64)
     times = np.array([tables.time[stage_list[k][0], stage_list[k][1]] for k in order])
     info = {"method": "graphpipe", "blocks": bg.num_blocks, "tree_nodes": len(bg.kind),
-            "candidates": len(cands.sets), "target_s": chosen, "best_target_s": best, "entry_inflight": value,
+            "candidates": len(bg.candidates.sets), "program_ops": len(bg.program.kind), "target_s": chosen,
+            "best_target_s": float(search.values[best_index]), "entry_inflight": value,
             "sp_fallbacks": len(bg.sp_tree.fallbacks), "partition_s": time.perf_counter() - start}
     return GraphPartition(rank[block_stage[bg.group]], replicas, edge_src, edge_dst, inflight, times,
                           int(micro_batches), chosen, [int(rank[k]) for k in range(len(stage_list))], info)

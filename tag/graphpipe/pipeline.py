@@ -12,9 +12,11 @@ activations of a micro-batch from ``sFm`` to the end of ``sBm``, received activa
 until ``sBm`` ends.
 
 **Planning** (:func:`plan_graph_pipeline`): for every micro-batch count M (powers of two, at most the
-batch), the partitioner's binary search finds the least bottleneck T*; the plan at T* and at a few
-relaxed targets (fewer, shallower stages) are compiled and simulated, and the fastest feasible one is
-kept — the same "score candidates by simulation" rule as :func:`tag.exact.plan_pipeline`.
+batch), the partitioner's Pareto front of (bottleneck T, depth) (:func:`tag.graphpipe.depth_frontier`);
+every point whose estimated iteration (M + depth − 1)·T is within ``slack`` of the best estimate is
+compiled and simulated, and the fastest feasible one is kept — the same "score candidates by
+simulation" rule as :func:`tag.exact.plan_pipeline`. A sequential pipeline of S stages at bottleneck T
+is dominated on the front (a chain is a series-parallel graph), so it is never out of reach.
 """
 
 from __future__ import annotations
@@ -33,16 +35,19 @@ from tag.exact.pipeline import reference_bandwidth
 from tag.exact.schedules import BACKWARD, FORWARD, Action
 from tag.exact.stage_graph import ADAM_MEMORY_COPIES, ForwardGraph, PartitionError, StageGraph, build_stage_graph
 from tag.graph.opgraph import OpGraph
-from tag.graphpipe.partition import DEFAULT_MAX_CHAIN, GraphPartition, block_graph, partition_graphpipe
+from tag.graphpipe.partition import DEFAULT_MAX_CHAIN, GraphPartition, block_graph, depth_frontier, \
+    partition_graphpipe
 from tag.graphpipe.scheduler import graph_stage_orders, stage_depths, stage_inflight
 from tag.sim import SimulationResult, TaskGraph, TaskGraphBuilder, simulate_fast
 
 __all__ = ["compile_graph_pipeline", "simulate_graph_pipeline", "GraphPipelinePlan", "plan_graph_pipeline",
-           "graph_stage_graph", "DEFAULT_RELAX"]
+           "graph_stage_graph", "DEFAULT_SLACK"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_RELAX = (1.0, 1.1, 1.25, 1.5)  # targets tried per M, as multiples of the least bottleneck T*
+# frontier points simulated: those whose estimated iteration (M + depth - 1) * T is within this fraction of
+# the best estimate over every M
+DEFAULT_SLACK = 0.25
 
 
 def _overlap(i: int, r_a: int, j: int, r_b: int) -> float:
@@ -247,16 +252,16 @@ def _mapping(partition: GraphPartition, devices: list[int]) -> list[list[int]]:
 
 def plan_graph_pipeline(graph: OpGraph, cluster: Cluster, *, num_devices: int | None = None,
                         devices: Sequence[int] | None = None, micro_batches: int | None = None,
-                        relax: Sequence[float] = DEFAULT_RELAX, max_replicas: int | None = None,
+                        slack: float = DEFAULT_SLACK, max_replicas: int | None = None,
                         fallback: str = "linearise", max_chain: int = DEFAULT_MAX_CHAIN,
                         bandwidth: float | None = None, cost: CostModel | None = None) -> GraphPipelinePlan:
     """Plan a graph pipeline of ``graph`` on ``cluster`` (module docstring).
 
     ``num_devices`` takes the first devices (default all), ``devices`` names them; ``micro_batches``
-    fixes M (default: powers of two up to min(batch, 4·D)); ``relax`` the targets tried per M as
-    multiples of the least bottleneck; ``max_replicas`` caps a stage's data-parallel degree;
-    ``fallback`` / ``max_chain`` go to the SP decomposition and its coarsening; ``bandwidth`` overrides
-    the median link bandwidth boundary tensors are priced at.
+    fixes M (default: powers of two up to min(batch, 4·D)); ``slack`` how far above the best estimated
+    iteration a frontier point may be and still be simulated; ``max_replicas`` caps a stage's
+    data-parallel degree; ``fallback`` / ``max_chain`` go to the SP decomposition and its coarsening;
+    ``bandwidth`` overrides the median link bandwidth boundary tensors are priced at.
     """
     if devices is None:
         count = cluster.num_devices if num_devices is None else num_devices
@@ -271,8 +276,8 @@ def plan_graph_pipeline(graph: OpGraph, cluster: Cluster, *, num_devices: int | 
     if micro_batches is not None and (isinstance(micro_batches, bool) or micro_batches < 1
                                       or micro_batches > graph.batch_size):
         raise PartitionError(f"micro_batches must be in 1..{graph.batch_size}, got {micro_batches!r}")
-    if not relax or any(not r >= 1.0 for r in relax):
-        raise PartitionError(f"relax must be a non-empty list of numbers >= 1, got {relax!r}")
+    if not slack >= 0:
+        raise PartitionError(f"slack must be a non-negative number, got {slack!r}")
     start = time.perf_counter()
     fg = ForwardGraph.from_graph(graph, cluster.types, cost=cost)
     counts = np.bincount(cluster.device_type[np.asarray(device_list)], minlength=len(cluster.types))
@@ -280,42 +285,40 @@ def plan_graph_pipeline(graph: OpGraph, cluster: Cluster, *, num_devices: int | 
     capacity = float(cluster.memory_bytes()[device_list].min())
     price = bandwidth if bandwidth is not None else reference_bandwidth(cluster, device_list)
     bg = block_graph(fg, reference_type=reference_type, fallback=fallback, max_chain=max_chain)
-    best: GraphPipelinePlan | None = None
-    search: list[dict[str, Any]] = []
+    options = dict(num_devices=len(device_list), capacity=capacity, bandwidth=price, max_replicas=max_replicas)
+    points: list[tuple[float, int, int]] = []  # (estimated iteration s, M, depth)
     failures: list[str] = []
-    seen: set[tuple] = set()
     for m in _micro_batch_counts(graph.batch_size, len(device_list), micro_batches):
-        for factor in relax:
-            try:
-                part = partition_graphpipe(bg, num_devices=len(device_list), micro_batches=m, capacity=capacity,
-                                           bandwidth=price, reference_type=reference_type,
-                                           max_replicas=max_replicas, relax=factor)
-            except PartitionError as error:
-                failures.append(f"M={m}: {error}")
-                break
-            key = (m, part.forward_stage.tobytes(), part.replicas.tobytes())
-            if key in seen:
-                continue
-            seen.add(key)
-            sg = graph_stage_graph(fg, part, reference_type=reference_type)
-            sg.info["batch_size"] = graph.batch_size
-            inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=m)
-            orders = graph_stage_orders(inflight, m)
-            mapping = _mapping(part, device_list)
-            taskgraph, result = simulate_graph_pipeline(sg, cluster, mapping, orders)
-            search.append({"micro_batches": m, "relax": factor, "stages": sg.num_stages,
-                           "target_s": part.target, "iteration_time_s": result.iteration_time,
-                           "feasible": bool(result.feasible)})
-            plan = GraphPipelinePlan(sg, mapping, orders, inflight, part, taskgraph, result)
-            if best is None or (not result.feasible, result.iteration_time) < \
-                    (not best.result.feasible, best.result.iteration_time):
-                best = plan
-    if best is None:
+        front = depth_frontier(bg, micro_batches=m, **options)
+        if not front:
+            failures.append(f"M={m}: nothing fits device memory ({capacity / 2**30:.3g} GiB)")
+        points += [((m + depth - 1) * target, m, depth) for target, depth in front]
+    if not points:
         reason = f"; first failure: {failures[0]}" if failures else ""
         raise PartitionError(f"no graph pipeline fits {len(device_list)} devices{reason}")
+    cutoff = (1.0 + slack) * min(p[0] for p in points)
+    best: GraphPipelinePlan | None = None
+    search: list[dict[str, Any]] = []
+    for estimate, m, depth in sorted(points):
+        if estimate > cutoff:
+            break
+        part = partition_graphpipe(bg, micro_batches=m, max_depth=depth, **options)
+        sg = graph_stage_graph(fg, part, reference_type=reference_type)
+        sg.info["batch_size"] = graph.batch_size
+        inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=m)
+        orders = graph_stage_orders(inflight, m)
+        mapping = _mapping(part, device_list)
+        taskgraph, result = simulate_graph_pipeline(sg, cluster, mapping, orders)
+        search.append({"micro_batches": m, "depth": depth, "stages": sg.num_stages, "target_s": part.target,
+                       "estimate_s": estimate, "iteration_time_s": result.iteration_time,
+                       "feasible": bool(result.feasible)})
+        plan = GraphPipelinePlan(sg, mapping, orders, inflight, part, taskgraph, result)
+        if best is None or (not result.feasible, result.iteration_time) < \
+                (not best.result.feasible, best.result.iteration_time):
+            best = plan
     best.solve_time_s = time.perf_counter() - start
     best.info.update({"planning_time_s": best.solve_time_s, "configurations_simulated": len(search),
-                      "blocks": bg.num_blocks, "sp_fallbacks": len(bg.sp_tree.fallbacks),
-                      "target_s": best.partition.target})
+                      "frontier_points": len(points), "blocks": bg.num_blocks,
+                      "sp_fallbacks": len(bg.sp_tree.fallbacks), "target_s": best.partition.target})
     best.info["search"] = search
     return best
