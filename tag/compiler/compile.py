@@ -54,8 +54,9 @@ sending them, finishes), and every received tensor on its destination.
 A bundle's plan is its *skeleton* (which device sends which fraction of which category's bytes to which,
 what stays local, what a collective syncs; cached per category kinds and pair of layouts, so all the
 bundles of one kind share it) filled with the bundle's bytes. The search's evaluator
-(:mod:`tag.compiler.evaluate`) compiles strategies as fragments — ``_Compiler.group_fragment``,
-``pair_fragment`` — numbered so that assembling them gives this module's TaskGraph task for task.
+(:mod:`tag.compiler.evaluate`) compiles strategies as fragments (``_Compiler.group_fragment``, the
+skeletons, ``_Compiler.pair_collectives``) numbered so that assembling them gives this module's TaskGraph
+task for task.
 """
 
 from __future__ import annotations
@@ -404,21 +405,6 @@ class _Compiler:
         self._persistent_memory([g])
         return blocks
 
-    def pair_fragment(self, layout_p: GroupLayout, layout_c: GroupLayout, block_p: tuple, block_c: tuple | None) -> int:
-        """The evaluator's fragment of one pair of groups (P, C) with the given layouts: the pair's transfers,
-        then its collectives, numbered after P's compute tasks and then C's (``block_p`` and ``block_c``, what
-        :meth:`group_fragment` returned for them; ``block_c`` None when C is P) and their output tensors.
-        Returns the number of transfers. Records (inserted ops, deliveries) are not kept."""
-        group_p, group_c = layout_p.group, layout_c.group
-        self.layouts = {group_p: layout_p, group_c: layout_c}
-        self.records = False
-        self.first_task, self.first_tensor = self._set_blocks(block_p, block_c)
-        mp = {g: layout.model_parallel for g, layout in self.layouts.items()}
-        self._pair((group_p, group_c), self._op_unit(self.layouts), mp)
-        transfers = len(self.kind)
-        self._emit_collectives()
-        return transfers
-
     def _set_blocks(self, block_p: tuple, block_c: tuple | None) -> tuple[int, int]:
         """Number the compute tasks and tensors of P's block, then C's, as group_fragment returned them;
         returns the (tasks, tensors) they take."""
@@ -441,7 +427,7 @@ class _Compiler:
                 if op_unit is self.tables.op_unit:
                     op_unit = op_unit.copy()
                 for k, piece in enumerate(layout.pieces):
-                    op_unit[piece.ops] = self._piece_unit(g, k)
+                    op_unit[piece.ops] = self.tables.piece_unit(g, k)
         return op_unit
 
     def _compute_tasks(self, g: int) -> None:
@@ -465,9 +451,6 @@ class _Compiler:
             if plan is None:
                 plan = plans[key] = self._plan_bundle(bundle, layout_p, layout_c)
             self._instantiate(bundle, plan)
-
-    def _piece_unit(self, group: int, piece: int) -> int:
-        return self.tables.num_units + group * self.tables.piece_stride + piece
 
     def _dynamic_bundles(self, pair: tuple[int, int], op_unit: np.ndarray, mp: list[bool]) -> list[Bundle]:
         """Bundles of a pair of groups one of which is model-parallel (by its pieces), cached per layouts."""
@@ -515,7 +498,7 @@ class _Compiler:
         for k, piece in enumerate(layout.pieces):
             label = tables.unit_label[piece.unit] + (f"p{k}" if tables.granularity != "op" else "")
             task = self._task(TASK_COMPUTE, piece.duration, piece.device, NO_TASK, 0.0, -1, g, (piece.device,), label)
-            unit = self._piece_unit(g, k)
+            unit = self.tables.piece_unit(g, k)
             self.unit_tasks[unit] = (task, self.context.offsets((piece.device,)))
             out = piece.out_rows + piece.out_fixed
             if out > 0:
@@ -568,25 +551,30 @@ class _Compiler:
         """The devices side of :meth:`_plan_bundle`: what a bundle with ``b``'s categories needs between
         these layouts, its transfers' bytes as contributions (category, fraction of its bytes). It depends
         on the bundle only through its categories, so bundles of one kind share it (cached per kind and
-        layouts)."""
+        layouts). A model-parallel consumer enters the key only through the devices of the pieces that read
+        the bundle (its option and split are fixed), so bundles into different pieces on the same devices,
+        of any model-parallel group, share one skeleton."""
+        if layout_c.model_parallel:
+            base = self.tables.piece_unit(b.consumer_group, 0)
+            pieces = layout_c.pieces
+            targets = tuple(dict.fromkeys([pieces[u - base].device for u in b.consumer_units]))
+            consumer_key = None
+        else:
+            targets = layout_c.devices
+            consumer_key = layout_c.key[1:]
         key = (b.pclass, b.demand, b.producer_device, layout_p.key[1:] if b.producer_device < 0 else None,
-               layout_c.key if layout_c.model_parallel else layout_c.key[1:],
-               b.consumer_units if layout_c.model_parallel else None)
+               consumer_key, targets)
         skeleton = self.context.skeletons.get(key)
         if skeleton is None:
-            skeleton = self.context.skeletons[key] = self._make_skeleton(b, layout_p, layout_c)
+            skeleton = self.context.skeletons[key] = self._make_skeleton(b, layout_p, layout_c, list(targets))
         return skeleton
 
-    def _make_skeleton(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout) -> _Skeleton:
+    def _make_skeleton(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout, targets: list[int]) -> _Skeleton:
+        """The skeleton of :meth:`_skeleton`, for the consumer devices ``targets``."""
         if b.producer_device >= 0:
             holders, h_lo, h_hi, p_split = (b.producer_device,), (0.0,), (1.0,), False
         else:
             holders, h_lo, h_hi, p_split = layout_p.devices, layout_p.lo, layout_p.hi, layout_p.split
-        if layout_c.model_parallel:
-            base = self._piece_unit(b.consumer_group, 0)
-            targets = list(dict.fromkeys(layout_c.pieces[u - base].device for u in b.consumer_units))
-        else:
-            targets = list(layout_c.devices)
         c_split = layout_c.split
         c_index = {d: r for r, d in enumerate(layout_c.devices)} if c_split else None
         pending: dict[tuple[int, int, int], list] = {}  # (src, dst, stage) -> [contributions, counted, items]
@@ -731,9 +719,11 @@ class _Compiler:
 
     def pair_collectives(self, bundles, layout_p: GroupLayout, layout_c: GroupLayout, block_p: tuple,
                          block_c: tuple | None, first_task: int, first_tensor: int) -> None:
-        """Only the collectives of a pair fragment whose transfers were built elsewhere (the evaluator's
-        compiled kernel): numbered from ``first_task`` (tensors from ``first_tensor``), as pair_fragment
-        would number them."""
+        """The collectives of the evaluator's fragment of one pair of groups (P, C) with the given layouts,
+        whose transfers its compiled kernel builds: numbered from ``first_task`` (tensors from
+        ``first_tensor``), after P's compute tasks, C's (``block_p`` and ``block_c``, what
+        :meth:`group_fragment` returned for them; ``block_c`` None when C is P) and the transfers. Records
+        (inserted ops, deliveries) are not kept."""
         self.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
         self.records = False
         self._set_blocks(block_p, block_c)

@@ -13,10 +13,12 @@ tasks for a large model on 16 GPUs). :class:`StrategyEvaluator` cuts the TaskGra
 
 Each fragment is built once and stored as flat arrays in an arena, its task and tensor references relative
 to the fragment (numbered [P's compute block | C's compute block | its own tasks]). Replicated groups are
-built with numpy and the transfers between them by the compiled kernel :func:`_pair_transfers`, from the
+built with numpy and every pair's transfers by the compiled kernel :func:`_pair_transfers`, from the
 compiler's bundle skeletons (``_Compiler._skeleton``: which device sends which fraction of which category
-to which, shared by every bundle of a kind); model-parallel groups, their pairs and collectives go through
-the compiler's own Python (``_Compiler.group_fragment``, ``pair_fragment``, ``pair_collectives``).
+to which, shared by every bundle of a kind). A model-parallel side is one more block to it (a task per
+piece, its units the pieces), with bundles made per pair of layouts by pieces; model-parallel groups (their
+METIS pieces) and the collectives go through the compiler's own Python (``_Compiler.group_fragment``,
+``pair_collectives``).
 
 Fragments are stored with dependency and tensor lags (:class:`tag.sim.taskgraph.Lags`). At ``"merged"``
 granularity a group fragment's chunks are merged into one task per part and replica
@@ -36,9 +38,9 @@ batch-row checker — holds for this one (tests/test_compiler.py).
 
 Cost (BERT-Large, 60 groups, tag-testbed's 16 GPUs, one core; ``scripts/bench_sim.py``): a strategy whose
 fragments are all cached costs the kernels alone, about 4 ms at group granularity (about 20 k tasks),
-3 ms merged (10 k tasks) and 1.5 ms at part granularity; each new fragment adds 0.05–0.5 ms (about 1 ms
-for a pair with a model-parallel side, built in Python). Horovod fusion (``fusion_bytes``) merges
-collectives across pairs, so it is not available here.
+3 ms merged (10 k tasks) and 1.5 ms at part granularity; each new fragment adds 0.05–0.5 ms (a new
+model-parallel layout about 2.5 ms more: METIS and its pieces, in Python, once per group and device set).
+Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not available here.
 """
 
 from __future__ import annotations
@@ -57,7 +59,7 @@ from tag.strategy import BATCH_SPLITS, Strategy, device_group_sizes
 from tag.compiler.compile import ADAM_COPIES, _Compiler
 from tag.compiler.errors import CompileError
 from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout
-from tag.compiler.tables import GRANULARITIES, CompilerTables, compiler_tables
+from tag.compiler.tables import GRANULARITIES, Bundle, CompilerTables, compiler_tables
 
 __all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
 
@@ -204,9 +206,10 @@ class _GroupBlock(NamedTuple):
     new_id: np.ndarray  # [tasks] merged task of each chunk task
     start_lag: np.ndarray  # [tasks] where each chunk task starts inside its merged task (seconds)
     end_lag: np.ndarray  # [tasks] where it ends
-    devices: np.ndarray | None  # [R] (None: model-parallel, compiled by the Python path only)
-    index: np.ndarray | None  # [D] replica of each device, -1
-    tensor_first: np.ndarray | None  # [units of the group] first output tensor of each unit, -1 if none
+    replicas: int  # R: tasks per unit (1 for a model-parallel group, whose units are its pieces)
+    task_device: np.ndarray  # [tasks] device of each compute task
+    index: np.ndarray  # [D] replica of each device, -1 (all -1 for a model-parallel group)
+    tensor_first: np.ndarray  # [units or pieces of the group] first output tensor of each, -1 if none
     dicts: tuple | None  # what _Compiler.group_fragment returns, built when the Python path needs it
 
 
@@ -375,8 +378,13 @@ class StrategyEvaluator:
             merged, new_id, start_lag, end_lag = self._merge_group(rows, np.full(tasks, -1, dtype=np.int64))
             num_merged = len(merged["duration"])
             fragment = self._arena.add(merged, (0, 0, 0, 0), num_merged)
-            self._block_of.append(_GroupBlock(layout, block[2], block[3], num_merged, new_id, start_lag, end_lag,
-                                              None, None, None, block))
+            first_piece = self.tables.piece_unit(layout.group, 0)
+            pieces = range(first_piece, first_piece + len(layout.pieces))
+            self._block_of.append(_GroupBlock(
+                layout, block[2], block[3], num_merged, new_id, start_lag, end_lag, 1,
+                np.array([piece.device for piece in layout.pieces], dtype=np.int64),
+                np.full(self.cluster.num_devices, -1, dtype=np.int64),
+                np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64), block))
             return fragment
         rows, tensor_first, compute_tensors = self._replica_rows(layout)
         merged, new_id, start_lag, end_lag = self._merge_group(rows, rows.pop("merge_key"))
@@ -386,7 +394,8 @@ class StrategyEvaluator:
         index = np.full(self.cluster.num_devices, -1, dtype=np.int64)
         index[list(layout.devices)] = np.arange(len(layout.devices))
         self._block_of.append(_GroupBlock(layout, tasks, compute_tensors, num_merged, new_id, start_lag, end_lag,
-                                          np.array(layout.devices, dtype=np.int64), index, tensor_first, None))
+                                          len(layout.devices), np.asarray(rows["res"], dtype=np.int64), index,
+                                          tensor_first, None))
         return fragment
 
     def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
@@ -520,32 +529,33 @@ class StrategyEvaluator:
         block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
         same = block_p.layout.group == block_c.layout.group
         blocks = (block_p.tasks, 0 if same else block_c.tasks, block_p.tensors, 0 if same else block_c.tensors)
-        compiler = self._compiler()
-        if block_p.index is None or block_c.index is None:  # a model-parallel side: bundles by pieces, in Python
-            early = compiler.pair_fragment(block_p.layout, block_c.layout, self._block_dicts(fragment_p),
-                                           None if same else self._block_dicts(fragment_c))
-            rows = self._compiler_rows(compiler)
-        else:
-            rows, early = self._compiled_pair(compiler, fragment_p, fragment_c, same, blocks)
+        rows, early = self._pair_rows(fragment_p, fragment_c, same, blocks)
         rows, merged_blocks = self._localize_pair(rows, block_p, block_c, same)
         fragment = self._arena.add(rows, merged_blocks, early)
         self._block_of.append(None)
         return fragment
 
-    def _compiled_pair(self, compiler: _Compiler, fragment_p: int, fragment_c: int, same: bool,
-                       blocks: tuple) -> tuple[dict, int]:
-        """A pair fragment of two replicated layouts: transfers by :func:`_pair_transfers`, collectives (few)
-        by the compiler; the same fragment as ``_Compiler.pair_fragment``."""
+    def _pair_rows(self, fragment_p: int, fragment_c: int, same: bool, blocks: tuple) -> tuple[dict, int]:
+        """A pair fragment, the same as ``_Compiler.pair_fragment``: transfers by :func:`_pair_transfers`,
+        collectives (few) by the compiler. The bundles of two replicated layouts are static (their arrays
+        cached per pair); with a model-parallel side they are made per pair of layouts, by pieces."""
         block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
         layout_p, layout_c = block_p.layout, block_c.layout
         pair = (layout_p.group, layout_c.group)
-        static = self._pair_static.get(pair)
-        if static is None:
-            static = self._pair_static[pair] = self._bundle_arrays(pair)
+        compiler = self._compiler()
+        compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
+        if layout_p.model_parallel or layout_c.model_parallel:
+            mp = {g: layout.model_parallel for g, layout in compiler.layouts.items()}
+            bundles = compiler._dynamic_bundles(pair, compiler._op_unit(compiler.layouts), mp)
+            static = self._bundle_arrays(bundles, layout_p, layout_c)
+        else:
+            static = self._pair_static.get(pair)
+            if static is None:
+                static = self._pair_static[pair] = self._bundle_arrays(self.tables.bundles.get(pair, []), layout_p,
+                                                                       layout_c)
         (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
          representatives) = static
-        compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
-        # a skeleton depends on a bundle only through its categories: one per kind of bundle
+        # a skeleton depends on a bundle only through its kind (_bundle_arrays)
         skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in representatives]
         store = self._skeletons
         skeleton_ids = np.array([store.id_of(sk) for sk in skeletons], dtype=np.int64)[kind_of]  # [B]
@@ -555,9 +565,10 @@ class StrategyEvaluator:
             store.view("first_transfer"), store.view("transfers"), store.view("src"), store.view("dst"),
             store.view("stage"), store.view("first_part"), store.view("parts"), store.view("first_counted"),
             store.view("counted"), store.view("part_category"), store.view("part_fraction"),
-            store.view("counted_category"), store.view("local"), self.cluster.num_devices, len(layout_p.devices),
-            block_p.index, block_p.tensor_first, block_c.devices, 0 if same else blocks[0], self._alpha, self._beta,
-            self._nic_out, self._nic_in, self._link_base, first_task, first_tensor)
+            store.view("counted_category"), store.view("local"), self.cluster.num_devices, block_p.replicas,
+            block_p.index, block_p.task_device, block_p.tensor_first, block_c.replicas, block_c.task_device,
+            0 if same else blocks[0], self._alpha, self._beta, self._nic_out, self._nic_in, self._link_base,
+            first_task, first_tensor)
         (duration, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
          read_task) = columns
         transfers = duration.size
@@ -580,25 +591,41 @@ class StrategyEvaluator:
         }
         return rows, transfers
 
-    def _bundle_arrays(self, pair: tuple[int, int]) -> tuple:
-        """The static bundles of a pair of groups as arrays for :func:`_pair_transfers`: (bundles, producer
-        unit's index in P [B], first category [B+1], consumer units' indices in C (CSR), bytes and counts of
-        the categories)."""
-        tables = self.tables
-        bundles = tables.bundles.get(pair, [])
+    def _bundle_arrays(self, bundles: list, layout_p: GroupLayout, layout_c: GroupLayout) -> tuple:
+        """Bundles of a pair of groups as arrays for :func:`_pair_transfers`: (bundles, producer unit's index
+        in P's block [B] (-1: input ops), first category [B+1], consumer units' indices in C's block (CSR),
+        bytes and counts of the categories, kind of each bundle [B], one bundle of each kind). A unit's index
+        is its position among its group's units, or its piece's for a model-parallel group. Bundles of one kind
+        share a skeleton (``_Compiler._skeleton``): same categories and producer device, and into a
+        model-parallel consumer, the same consumer units."""
         position = self._unit_position
-        unit = np.array([position[b.producer_unit] if b.producer_unit >= 0 else -1 for b in bundles], dtype=np.int64)
+
+        def index_of(layout: GroupLayout):
+            if layout.model_parallel:
+                first_piece = self.tables.piece_unit(layout.group, 0)
+                return lambda unit: unit - first_piece
+            return position.__getitem__
+
+        index_p, index_c = index_of(layout_p), index_of(layout_c)
+        unit = np.array([index_p(b.producer_unit) if b.producer_unit >= 0 else -1 for b in bundles], dtype=np.int64)
         category = np.zeros(len(bundles) + 1, dtype=np.int64)
         np.cumsum([len(b.pclass) for b in bundles], out=category[1:])
         consumer_ptr = np.zeros(len(bundles) + 1, dtype=np.int64)
         np.cumsum([len(b.consumer_units) for b in bundles], out=consumer_ptr[1:])
-        consumer = np.array([position[u] for b in bundles for u in b.consumer_units], dtype=np.int64)
+        consumer = np.array([index_c(u) for b in bundles for u in b.consumer_units], dtype=np.int64)
         category_bytes = np.array([x for b in bundles for x in b.nbytes], dtype=np.float64)
         category_count = np.array([x for b in bundles for x in b.count], dtype=np.int64)
+        mp_c = layout_c.model_parallel
         kinds: dict[tuple, int] = {}
-        kind_of = np.array([kinds.setdefault((b.pclass, b.demand, b.producer_device), len(kinds)) for b in bundles],
-                           dtype=np.int64)  # [B]
-        representatives = [bundles[int(np.argmax(kind_of == k))] for k in range(len(kinds))]
+        representatives: list[Bundle] = []
+        kind_of = np.empty(len(bundles), dtype=np.int64)  # [B]
+        for i, b in enumerate(bundles):
+            key = (b.pclass, b.demand, b.producer_device, b.consumer_units if mp_c else None)
+            kind = kinds.get(key)
+            if kind is None:
+                kind = kinds[key] = len(representatives)
+                representatives.append(b)
+            kind_of[i] = kind
         return (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
                 representatives)
 
@@ -795,21 +822,21 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
 def _pair_transfers(bundle_unit, bundle_category, bundle_consumer_ptr, bundle_consumer, bundle_skeleton,
                     category_bytes, category_count, sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage,
                     tr_first_part, tr_parts, tr_first_counted, tr_counted, part_category, part_fraction,
-                    counted_category, sk_local, num_devices, p_replicas, p_index, p_tensor, c_devices, c_shift,
-                    alpha, beta, nic_out, nic_in, link_base, first_task, first_tensor):
-    """The transfers of one pair fragment of two layouts that are not model-parallel, with their dependencies,
-    tensors and reads: ``_Compiler._instantiate`` for B bundles at once, numbered as ``pair_fragment``
-    numbers them (P's block from 0, C's from ``c_shift``, own tasks from ``first_task``, own tensors from
-    ``first_tensor``).
+                    counted_category, sk_local, num_devices, p_replicas, p_index, p_task_device, p_tensor, r_c,
+                    c_task_device, c_shift, alpha, beta, nic_out, nic_in, link_base, first_task, first_tensor):
+    """The transfers of one pair fragment, with their dependencies, tensors and reads:
+    ``_Compiler._instantiate`` for B bundles at once, numbered as ``pair_fragment`` numbers them (P's block
+    from 0, C's from ``c_shift``, own tasks from ``first_task``, own tensors from ``first_tensor``).
 
     Bundles: producer unit's index in P [B] (-1: input ops), first category [B+1] into category_bytes /
     category_count, consumer units' indices in C (CSR), skeleton [B]. Skeletons: see :class:`_Skeletons`.
-    P: p_replicas, p_index [D] (replica of each device, -1), p_tensor [units of P] (first output tensor,
-    -1). C: c_devices [R_C]. Returns (duration, nres, res, dep_task, dep_on, tensor_device, tensor_bytes,
-    tensor_producer, read_tensor, read_task).
+    A block (P's, C's) has R tasks per unit (unit u's replica r is task u * R + r) on the devices
+    ``task_device`` [tasks]; a model-parallel group's units are its pieces, R = 1. P: p_replicas,
+    p_index [D] (replica of each device, -1; read when p_replicas > 1), p_task_device, p_tensor [units of
+    P] (first output tensor, -1). C: r_c, c_task_device. Returns (duration, nres, res, dep_task, dep_on,
+    tensor_device, tensor_bytes, tensor_producer, read_tensor, read_task).
     """
     num_bundles = bundle_unit.size
-    r_c = c_devices.size
     # sizes first, so that every column is allocated once
     tasks = 0
     deps = 0
@@ -865,12 +892,13 @@ def _pair_transfers(bundle_unit, bundle_category, bundle_consumer_ptr, bundle_co
             res[h] = link_base + src * num_devices + dst
             h += 1
             task = first_task + t
-            if p_base >= 0 and p_index[src] >= 0:  # it sends the producer's copy on its source
+            replica = _replica(unit, src, p_replicas, p_index, p_task_device)
+            if replica >= 0:  # it sends the producer's copy on its source
                 dep_task[e] = task
-                dep_on[e] = p_base + p_index[src]
+                dep_on[e] = p_base + replica
                 e += 1
                 if p_first >= 0:
-                    read_tensor[q] = p_first + p_index[src]
+                    read_tensor[q] = p_first + replica
                     read_task[q] = task
                     q += 1
             if tr_stage[i] == 2:  # an AddN root forwards what reached it in stage 1
@@ -886,16 +914,17 @@ def _pair_transfers(bundle_unit, bundle_category, bundle_consumer_ptr, bundle_co
             tensor_bytes[t] = nbytes
             t += 1
         for c in range(bundle_consumer_ptr[b], bundle_consumer_ptr[b + 1]):
-            c_base = c_shift + bundle_consumer[c] * r_c
+            c_first = bundle_consumer[c] * r_c
             for r in range(r_c):
-                device = c_devices[r]
-                task = c_base + r
-                if p_base >= 0 and sk_local[sk * num_devices + device] and p_base + p_index[device] != task:
+                device = c_task_device[c_first + r]
+                task = c_shift + c_first + r
+                replica = _replica(unit, device, p_replicas, p_index, p_task_device)
+                if sk_local[sk * num_devices + device] and replica >= 0 and p_base + replica != task:
                     dep_task[e] = task
-                    dep_on[e] = p_base + p_index[device]
+                    dep_on[e] = p_base + replica
                     e += 1
                     if p_first >= 0:
-                        read_tensor[q] = p_first + p_index[device]
+                        read_tensor[q] = p_first + replica
                         read_task[q] = task
                         q += 1
                 for j in range(first, first + n):
@@ -909,6 +938,16 @@ def _pair_transfers(bundle_unit, bundle_category, bundle_consumer_ptr, bundle_co
     tensor_producer = first_task + np.arange(tasks)
     return (duration, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device, tensor_bytes,
             tensor_producer, read_tensor[:q].copy(), read_task[:q].copy())
+
+
+@_jit
+def _replica(unit, device, replicas, index, task_device):
+    """The replica of producer unit ``unit`` (-1: input ops, none) on ``device``, -1 if it has none there."""
+    if unit < 0:
+        return -1
+    if replicas > 1:
+        return index[device]
+    return 0 if task_device[unit] == device else -1
 
 
 @_jit

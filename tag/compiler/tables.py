@@ -180,6 +180,10 @@ class CompilerTables:
     def num_units(self) -> int:
         return len(self.unit_group)
 
+    def piece_unit(self, group: int, piece: int) -> int:
+        """The unit id of piece ``piece`` of ``group`` when it is model-parallel (after every static unit)."""
+        return self.num_units + group * self.piece_stride + piece
+
     @property
     def op_graph(self) -> OpGraph:
         return self.group_graph.op_graph
