@@ -3,22 +3,23 @@
 For each topology family (2D mesh, 2D torus, random_blk_1, random_blk_2, uniform_dist), device count D
 and pipeline shape (S, D/S): cut a zoo model into S stages (PipeDream-style contiguous DP at R = D/S,
 M = min(S, batch/R) micro-batches), build the Parmesan mapping problem (seconds per iteration), and place
-it with every mapper: the exact solver (binary search + DFS, with a time limit), pure MCTS (uniform
-priors on tag.search.MappingEnv), CS map and p2p map. The learned mapper (GNN priors) joins once a
-mapping policy is trained. Gap = (t − bound) / t against the exact solver's bound: the optimum when it
+it with every mapper: the exact solver (binary search + DFS, with a time limit), the learned mapper (the
+mapping GNN's priors and greedy fill on tag.search.MappingEnv, ``--learned-iterations`` MCTS leaves after
+the greedy decode; the shipped checkpoints/tag-mapper.pt, trained on other models and topology seeds),
+pure MCTS (uniform priors), CS map and p2p map. Gap = (t − bound) / t against the exact solver's bound: the optimum when it
 was proven, else its best lower bound.
 
 Writes a markdown report and two plots (median gap and median solve time against devices) and prints the
 tables; the last line of stdout is one JSON object of every figure.
 
     .venv/bin/python scripts/compare_mappers.py [--devices 8 16 32 64 128 256] [--time-limit 10]
-        [--mcts-iterations 1000] [--model bert-large] [--out docs/compare_mappers]
+        [--mcts-iterations 1000] [--learned-iterations 32] [--policy CKPT] [--model bert-large]
+        [--out docs/compare_mappers]
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import sys
 import time
@@ -26,17 +27,18 @@ from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
+import torch
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
 from tag._atomic import atomic_write_text
 from tag.cluster import resolve_cluster
-from tag.exact import ForwardGraph, build_stage_graph, partition_pipedream
 from tag.exact.heuristics import cs_map, p2p_map
 from tag.exact.mapping import MappingProblem, choose_instantiation, max_stage_time, solve_mapping
-from tag.graph.resolve import resolve_model
+from tag.policy.mapping import MappingPolicy, learned_mapping, resolve_mapping_policy
 from tag.search import MappingEnv, mcts_search, uniform_mapping_evaluator
+from tag.training.mapper import zoo_stage_graph
 
 GRIDS = {8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 FAMILIES = {
@@ -46,33 +48,23 @@ FAMILIES = {
     "random_blk_2": lambda d: f"random-blk-2:{d},seed=0",
     "uniform_dist": lambda d: f"uniform-dist:{d},seed=0",
 }
-MAPPERS = ("exact", "pure MCTS", "CS", "p2p")
-PARTITION_BANDWIDTH = 10e9  # bytes/s the partitioner prices boundary tensors at (the mapper sees the real links)
+MAPPERS = ("exact", "learned", "pure MCTS", "CS", "p2p")
 
 
-@functools.lru_cache(maxsize=None)
-def forward_view(model: str) -> ForwardGraph:
-    return ForwardGraph.from_graph(resolve_model(model), ["v100-32gb"])
-
-
-@functools.lru_cache(maxsize=None)
-def stage_graph(model: str, stages: int, replicas: int):
-    fg = forward_view(model)
-    micro_batches = max(1, min(stages, fg.batch_size // replicas))
-    part = partition_pipedream(fg, stages=stages, replicas=replicas, micro_batches=micro_batches,
-                               bandwidth=PARTITION_BANDWIDTH)
-    return build_stage_graph(fg, part.forward_stage, replicas=replicas, micro_batches=micro_batches)
-
-
-def run_instance(model: str, family: str, devices: int, stages: int, time_limit: float, iterations: int) -> dict:
+def run_instance(model: str, family: str, devices: int, stages: int, time_limit: float, iterations: int,
+                 policy: MappingPolicy, learned_iterations: int) -> dict:
     cluster = resolve_cluster(FAMILIES[family](devices))
     replicas = devices // stages
-    problem = MappingProblem.from_stage_graph(stage_graph(model, stages, replicas), replicas, cluster)
+    problem = MappingProblem.from_stage_graph(zoo_stage_graph(model, stages, replicas), replicas, cluster)
     mode = choose_instantiation(problem)
     out = {"family": family, "devices": devices, "stages": stages, "replicas": replicas, "instantiation": mode}
     start = time.perf_counter()
     exact = solve_mapping(problem, instantiation=mode, time_limit=time_limit)
     times = {"exact": (exact.max_stage_time, time.perf_counter() - start)}
+    start = time.perf_counter()
+    mapping = learned_mapping(problem, policy, instantiation=mode, iterations=learned_iterations,
+                              time_limit_s=time_limit)
+    times["learned"] = (max_stage_time(problem, mapping, mode), time.perf_counter() - start)
     start = time.perf_counter()
     env = MappingEnv(problem, instantiation=mode, lower_bound=exact.lower_bound)
     search = mcts_search(env, uniform_mapping_evaluator, max_iterations=iterations, time_limit_s=time_limit,
@@ -106,7 +98,7 @@ def summarise(rows: list[dict]) -> dict[int, dict[str, dict[str, float]]]:
 
 def markdown(summary: dict, args: argparse.Namespace) -> str:
     lines = [f"# Stage-to-device mappers: {args.model}, exact time limit {args.time_limit:g} s, "
-             f"pure MCTS {args.mcts_iterations} iterations", "",
+             f"learned {args.learned_iterations} + 1 iterations, pure MCTS {args.mcts_iterations} iterations", "",
              "Median gap to the exact solver's bound (the optimum where proven), per device count, over "
              f"{len(FAMILIES)} topology families × {len(args.stages)} pipeline depths.", "",
              "| devices | proven | " + " | ".join(f"{m} gap" for m in MAPPERS) + " | "
@@ -157,9 +149,13 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds for the exact solver and MCTS each")
     parser.add_argument("--mcts-iterations", type=int, default=1000)
+    parser.add_argument("--learned-iterations", type=int, default=32, help="MCTS leaves after the greedy decode")
+    parser.add_argument("--policy", type=Path, help="mapping GNN checkpoint (default: checkpoints/tag-mapper.pt)")
     parser.add_argument("--out", type=Path, default=Path("docs/compare_mappers"), help="report path prefix")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args()
+    torch.set_num_threads(1)  # one core per mapper, as for the exact solver
+    policy = resolve_mapping_policy(args.policy)
     cells = [(f, d, s) for d in args.devices for f in args.families for s in args.stages if s <= d]
     console = Console(stderr=True)
     rows = []
@@ -167,7 +163,8 @@ def main() -> None:
         task = progress.add_task("mapping", total=len(cells))
         for family, devices, stages in cells:
             progress.update(task, description=f"{family}, {devices} devices, S={stages}")
-            rows.append(run_instance(args.model, family, devices, stages, args.time_limit, args.mcts_iterations))
+            rows.append(run_instance(args.model, family, devices, stages, args.time_limit, args.mcts_iterations,
+                                     policy, args.learned_iterations))
             progress.advance(task)
     summary = summarise(rows)
     report = markdown(summary, args)
@@ -186,6 +183,7 @@ def main() -> None:
         Console().print(table)
         Console().print(f"wrote {args.out.with_suffix('.md')}, {', '.join(plots)}")
     print(json.dumps({"model": args.model, "time_limit_s": args.time_limit, "mcts_iterations": args.mcts_iterations,
+                      "learned_iterations": args.learned_iterations,
                       "summary": {str(k): v for k, v in summary.items()}, "instances": rows}))
 
 

@@ -559,7 +559,7 @@ def cmd_pipeline(args: argparse.Namespace) -> dict:
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     if args.partitioner == "graphpipe":
         return _graph_pipeline(args, graph, cluster)
-    mapper = make_mapper(args.mapper, time_limit=args.time_limit)
+    mapper = make_mapper(args.mapper, time_limit=args.time_limit, policy=args.mapper_policy)
     with _status(sys.stderr.isatty() and not args.json, f"planning a pipeline of {graph.meta.get('model', args.model)}"):
         plan = plan_pipeline(graph, cluster, stages=args.stages, replicas=args.replicas, auto=args.auto,
                              partitioner=args.partitioner, mapper=mapper, micro_batches=args.micro_batches,
@@ -699,7 +699,8 @@ def cmd_compare(args: argparse.Namespace) -> dict:
     cluster = resolve_cluster(args.cluster)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     config = CompareConfig(budget=args.budget, num_groups=args.num_groups, policy=args.policy,
-                           mapping_time_limit=args.time_limit, graphpipe=not args.no_graphpipe, seed=args.seed)
+                           mapping_time_limit=args.time_limit, graphpipe=not args.no_graphpipe, seed=args.seed,
+                           mapper_policy=args.mapper_policy)
     with _status(sys.stderr.isatty() and not args.json, "comparing planners") as status:
         report = (lambda message: status.update(f"comparing planners: {message}")) if status is not None else None
         rows = compare_planners(graph, cluster, config=config, progress=report)
@@ -813,6 +814,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=_positive_seconds, default=60.0, metavar="S",
                    help="seconds for the exact mapper (default 60)")
     p.add_argument("--no-graphpipe", action="store_true", help="leave GraphPipe's graph pipeline out")
+    _add_mapper_policy(p)
     _add_grouping(p, seed_help="METIS, search and mapper seed")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_compare)
@@ -828,7 +830,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partitioner", choices=(*_pipeline_choices("PARTITIONERS"), "graphpipe"), default="parmesan",
                    help="stage partitioner (default parmesan; graphpipe: stages that form a graph, GraphPipe)")
     p.add_argument("--mapper", choices=_pipeline_choices("MAPPERS"), default="exact",
-                   help="stage-to-device mapper (default exact: provably optimal or its gap)")
+                   help="stage-to-device mapper (default exact: provably optimal or its gap; learned: GNN + MCTS)")
+    _add_mapper_policy(p)
     p.add_argument("--time-limit", type=_positive_seconds, default=60.0, metavar="S",
                    help="seconds for the exact mapper (default 60)")
     p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="micro-batch order (default 1f1b)")
@@ -838,6 +841,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_pipeline)
     return parser
+
+
+def _add_mapper_policy(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--mapper-policy", metavar="CKPT",
+                   help="mapping GNN checkpoint of the learned mapper (default: the shipped checkpoints/tag-mapper.pt)")
 
 
 def _pipeline_choices(name: str) -> tuple[str, ...]:

@@ -6,7 +6,8 @@
 - the strategy searches of tag plan at one budget: MCMC (FlexFlow-style), pure MCTS (uniform priors),
   and tag (GNN priors + MCTS) when a policy checkpoint is given;
 - Parmesan pipelines: one partition, (S, R, M) chosen by simulation (Parmesan App. B), then mapped by
-  each stage-to-device mapper (exact, CS, p2p, pure MCTS) and re-simulated on that mapping; the mappers
+  each stage-to-device mapper (exact, CS, p2p, pure MCTS, learned: GNN + MCTS) and re-simulated on that
+  mapping; the mappers
   report their max stage time against the exact mapper's lower bound;
 - RaNNC (its Algorithms 1–2, its own placement), and GraphPipe's graph pipeline where the model has
   branches to exploit.
@@ -31,7 +32,8 @@ __all__ = ["CompareConfig", "compare_planners", "PIPELINE_MAPPERS"]
 
 log = logging.getLogger(__name__)
 
-PIPELINE_MAPPERS = ("exact", "cs", "p2p", "mcts")  # Parmesan's partition, each of these placing it
+PIPELINE_MAPPERS = ("exact", "cs", "p2p", "mcts", "learned")  # Parmesan's partition, each of these placing it
+_MAPPER_LABELS = {"cs": "CS", "p2p": "p2p", "mcts": "pure-MCTS", "learned": "learned (GNN+MCTS)"}
 
 
 @dataclass(frozen=True)
@@ -43,6 +45,7 @@ class CompareConfig:
     policy: str | None = None  # GNN checkpoint for the tag row; None leaves the row out
     mapping_time_limit: float = 60.0  # seconds for the exact mapper (and the MCTS mapper's cap)
     mcts_mapper_iterations: int = 2000  # leaves of the pure-MCTS mapper
+    mapper_policy: str | None = None  # mapping GNN checkpoint of the learned mapper; None: the shipped one
     graphpipe: bool = True  # include GraphPipe's graph pipeline
     seed: int = 0
 
@@ -119,12 +122,17 @@ def _pipeline_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say:
         sg = plan.stage_graph
         devices = sorted(d for row in plan.mapping for d in row)
         for name in PIPELINE_MAPPERS[1:]:
+            label = _MAPPER_LABELS[name]
             say(f"Parmesan partition + {name} map")
-            mapper = make_mapper(name, time_limit=config.mapping_time_limit,
-                                 mcts_iterations=config.mcts_mapper_iterations)
+            try:
+                mapper = make_mapper(name, time_limit=config.mapping_time_limit,
+                                     mcts_iterations=config.mcts_mapper_iterations, policy=config.mapper_policy)
+            except TagError as error:  # the learned mapper without a checkpoint
+                log.warning("%s map: %s", label, error)
+                rows.append(_failed(f"Parmesan + {label} map", "pipeline", str(error)))
+                continue
             placement = mapper(sg, sg.replicas.tolist(), cluster, devices, seed=config.seed)
             _, result = simulate_pipeline(sg, cluster, placement.mapping, schedule=plan.schedule)
-            label = {"cs": "CS", "p2p": "p2p", "mcts": "pure-MCTS"}[name]
             bound = plan.lower_bound  # the exact mapper's: the optimum when it was proven
             rows.append(_pipeline_row(f"Parmesan + {label} map", result, placement.max_stage_time, bound,
                                       None, partition_s + placement.solve_time_s, plan))

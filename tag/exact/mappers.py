@@ -10,7 +10,10 @@ in the same unit:
 - ``"cs"``, ``"p2p"``, ``"random"``: the heuristic mapping, with the assignment lower bound beside it;
 - ``"mcts"``: the shared MCTS over :class:`tag.search.MappingEnv` with uniform priors (pure MCTS),
   ``mcts_iterations`` leaves or ``time_limit`` seconds, whichever ends first; the assignment lower bound
-  beside it.
+  beside it;
+- ``"learned"``: the same MCTS with the mapping GNN's priors and greedy fill (:mod:`tag.policy.mapping`),
+  ``learned_iterations`` leaves after the greedy decode; ``policy`` is a checkpoint path or a loaded
+  MappingPolicy, the shipped ``checkpoints/tag-mapper.pt`` by default.
 
 Every stage needs the same replica count (RaNNC may give unequal ones: :class:`MappingError`).
 """
@@ -39,7 +42,7 @@ from tag.exact.stage_graph import StageGraph
 
 __all__ = ["MAPPERS", "make_mapper", "pipeline_problem"]
 
-MAPPERS = ("exact", "cs", "p2p", "random", "mcts")
+MAPPERS = ("exact", "cs", "p2p", "random", "mcts", "learned")
 DEFAULT_MCTS_ITERATIONS = 2000
 _HEURISTICS = {"cs": cs_map, "p2p": p2p_map}
 
@@ -55,11 +58,17 @@ def pipeline_problem(stage_graph: StageGraph, cluster: Cluster, devices: Sequenc
 
 
 def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUTO, workers: int = 1,
-                mcts_iterations: int = DEFAULT_MCTS_ITERATIONS) -> Mapper:
+                mcts_iterations: int = DEFAULT_MCTS_ITERATIONS, learned_iterations: int | None = None,
+                policy: Any = None) -> Mapper:
     """The mapper called ``name`` (one of :data:`MAPPERS`); ``time_limit`` bounds the exact solver and
     MCTS, ``workers`` is the exact solver's."""
     if name not in MAPPERS:
         raise MappingError(f"mapper must be one of {', '.join(MAPPERS)}, got {name!r}")
+    if name == "learned":  # load (and check) the policy now, not at the first placement
+        from tag.policy.mapping import DEFAULT_MAPPER_ITERATIONS, resolve_mapping_policy
+
+        policy = resolve_mapping_policy(policy)
+        learned_iterations = DEFAULT_MAPPER_ITERATIONS if learned_iterations is None else learned_iterations
 
     def mapper(stage_graph: StageGraph, replicas: Any, cluster: Cluster, devices: Sequence[int], *,
                seed: int | np.random.Generator | None = 0) -> Placement:
@@ -73,6 +82,11 @@ def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUT
         start = time.perf_counter()
         if name == "mcts":
             mapping = _mcts_map(problem, mode, mcts_iterations, time_limit, seed)
+        elif name == "learned":
+            from tag.policy.mapping import learned_mapping
+
+            mapping = learned_mapping(problem, policy, instantiation=mode, iterations=learned_iterations,
+                                      time_limit_s=time_limit, seed=seed)
         else:
             mapping = random_map(problem, as_rng(seed)) if name == "random" else _HEURISTICS[name](problem)
         value = max_stage_time(problem, mapping, mode)

@@ -7,7 +7,8 @@ neighbours as possible, so a stage's time is known early), a stage's R replicas 
 action is a device; the devices already used are masked.
 
 **Default fill.** A state is scored as a complete mapping: the undecided slots take the unused devices
-in ascending id, slot by slot, which is the consecutive (CS) map of what is left.
+in ascending id, slot by slot, which is the consecutive (CS) map of what is left; or, given ``fill``,
+what that callable completes the state to (the learned mapper's greedy decode, tag.policy.mapping).
 
 **Value** (DESIGN.md): lower bound / achieved max stage time, in (0, 1], with the exact mapper's
 objective (eq. 5 under the instantiation :func:`~tag.exact.choose_instantiation` picks) and its
@@ -17,7 +18,7 @@ counts among its candidates, is the CS map.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -33,6 +34,7 @@ CS_MAP = "CS map"
 UNASSIGNED = -1
 
 Slots = tuple[int, ...]  # a state: the device chosen for slot 0, 1, ...
+Fill = Callable[[Slots], Sequence[int]]  # a state → the device of every slot [K], the state's first
 
 
 class MappingObservation(NamedTuple):
@@ -56,8 +58,9 @@ class MappingEnv:
     """MCTS over stage-replica → device assignments of ``problem`` (module docstring)."""
 
     def __init__(self, problem: MappingProblem, *, instantiation: str | None = None,
-                 lower_bound: float | None = None) -> None:
+                 lower_bound: float | None = None, fill: Fill | None = None) -> None:
         self.problem = problem
+        self.fill = fill
         self.instantiation = choose_instantiation(problem) if instantiation is None else instantiation
         self.lower_bound = (assignment_lower_bound(problem, self.instantiation) if lower_bound is None
                             else float(lower_bound))
@@ -98,12 +101,19 @@ class MappingEnv:
         return state + (int(action),)
 
     def mapping(self, state: Slots) -> np.ndarray:
-        """[S, R] the complete mapping of ``state``: its decisions, the unused devices in ascending order on
-        the undecided slots."""
-        devices = np.full(self.num_slots, UNASSIGNED, dtype=np.int64)  # [K]
-        devices[:len(state)] = state
-        free = np.setdiff1d(np.arange(self.num_devices), np.asarray(state, dtype=np.int64))
-        devices[len(state):] = free[:self.num_slots - len(state)]
+        """[S, R] the complete mapping of ``state``: its decisions, then the fill's (by default the unused
+        devices in ascending order on the undecided slots)."""
+        if self.fill is not None:
+            devices = np.asarray(self.fill(state), dtype=np.int64)  # [K]
+            if (devices.shape != (self.num_slots,) or tuple(devices[:len(state)].tolist()) != state
+                    or len(np.unique(devices)) != self.num_slots):
+                raise SearchError(f"the fill gave {devices.tolist()} for state {list(state)}: it must extend "
+                                  f"the state to {self.num_slots} distinct devices")
+        else:
+            devices = np.full(self.num_slots, UNASSIGNED, dtype=np.int64)  # [K]
+            devices[:len(state)] = state
+            free = np.setdiff1d(np.arange(self.num_devices), np.asarray(state, dtype=np.int64))
+            devices[len(state):] = free[:self.num_slots - len(state)]
         mapping = np.empty((self.problem.num_stages, self.problem.num_replicas), dtype=np.int64)
         mapping[self.slot_stage, self.slot_replica] = devices
         return mapping

@@ -1,0 +1,196 @@
+"""The learned stage-to-device mapper: its GNN, decoder, training and checkpoints (tag.policy.mapping,
+tag.training.mapper)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import run_json
+
+from tag.cluster import resolve_cluster
+from tag.exact import make_mapper
+from tag.exact.heuristics import cs_map
+from tag.exact.mapping import ALLREDUCE, P2P, MappingProblem, max_stage_time
+from tag.policy.errors import PolicyError
+from tag.policy.mapping import (
+    MappingDecoder,
+    MappingInstance,
+    MappingPolicy,
+    MappingPolicyConfig,
+    imitation_loss,
+    learned_mapping,
+    load_mapping_policy,
+    save_mapping_policy,
+    shipped_mapping_checkpoint,
+    teacher_forced_logits,
+)
+from tag.search import MappingEnv
+from tag.search.errors import SearchError
+from tag.training.errors import TrainingError
+from tag.training.mapper import MapperTrainConfig, build_examples, train_mapper
+
+SMALL = MappingPolicyConfig(hidden=16, heads=2, num_layers=2)
+
+
+def _problem(seed: int, stages: int, replicas: int, cluster: str, *, latency: bool = False) -> MappingProblem:
+    """A random chain of ``stages`` stages on ``cluster`` (two GPU types when the cluster has them)."""
+    rng = np.random.default_rng(seed)
+    sub = resolve_cluster(cluster)
+    problem = MappingProblem.from_cluster(
+        sub, stage_time=rng.uniform(0.5, 1.5, size=stages), edge_src=np.arange(stages - 1),
+        edge_dst=np.arange(1, stages), edge_bytes=rng.uniform(1e8, 1e9, size=stages - 1),
+        param_bytes=rng.uniform(1e8, 2e9, size=stages), replicas=replicas)
+    if latency:  # give every link a latency, to exercise the α terms
+        lat = rng.uniform(1e-5, 1e-3, size=problem.bandwidth.shape)
+        lat = (lat + lat.T) / 2
+        problem = MappingProblem(problem.stage_time, problem.edge_src, problem.edge_dst, problem.edge_bytes,
+                                 problem.param_bytes, problem.num_replicas,
+                                 np.where(np.isinf(problem.bandwidth), 0.0, problem.bandwidth), lat, problem.device_type)
+    return problem
+
+
+def _instance(problem: MappingProblem, mode: str) -> tuple[MappingEnv, MappingInstance]:
+    env = MappingEnv(problem, instantiation=mode)
+    return env, MappingInstance.from_env(env)
+
+
+@pytest.mark.parametrize("mode,cluster,latency", [(P2P, "mesh2d:2x4", False), (ALLREDUCE, "uniform-dist:8,seed=3", True),
+                                                  (P2P, "tag-random:seed=3", True)])
+def test_teacher_forcing_equals_the_step_by_step_decoder(mode, cluster, latency):
+    """Training's vectorised logits (torch) are the search's per-step logits (numpy), step for step."""
+    torch.manual_seed(0)
+    devices = resolve_cluster(cluster).num_devices
+    stages = 3 if devices >= 6 else 2
+    problem = _problem(1, stages, devices // stages, cluster, latency=latency)
+    env, instance = _instance(problem, mode)
+    policy = MappingPolicy(SMALL)
+    decoder = MappingDecoder(policy, instance)
+    target = np.random.default_rng(2).permutation(devices)[:instance.num_slots]
+    with torch.no_grad():
+        forced = teacher_forced_logits(policy(instance), instance, target).double().numpy()
+    for k in range(instance.num_slots):
+        step = decoder.logits(target[:k].tolist())
+        free = np.ones(devices, dtype=bool)
+        free[target[:k]] = False
+        np.testing.assert_allclose(forced[k, free], step[free], rtol=1e-4, atol=1e-4)
+        assert (forced[k, ~free] < -1e8).all() and (step[~free] < -1e8).all()
+
+
+def test_the_network_is_equivariant_to_relabelling_devices():
+    """Renumbering the devices renumbers the static scores and the affinities, nothing else."""
+    torch.manual_seed(0)
+    problem = _problem(3, 2, 4, "random-blk-2:8,seed=1")
+    perm = np.random.default_rng(0).permutation(8)
+    bandwidth = np.where(np.isinf(problem.bandwidth), 0.0, problem.bandwidth)
+    moved = MappingProblem(problem.stage_time, problem.edge_src, problem.edge_dst, problem.edge_bytes,
+                           problem.param_bytes, problem.num_replicas, bandwidth[np.ix_(perm, perm)],
+                           problem.latency[np.ix_(perm, perm)], problem.device_type[perm])
+    policy = MappingPolicy(SMALL)
+    _, a = _instance(problem, P2P)
+    _, b = _instance(moved, P2P)
+    with torch.no_grad():
+        ta, tb = policy(a), policy(b)
+    np.testing.assert_allclose(tb.static.numpy(), ta.static.numpy()[:, perm], rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(tb.affinity.numpy(), ta.affinity.numpy()[np.ix_(perm, perm)], rtol=1e-4, atol=1e-5)
+
+
+def test_greedy_completion_and_fill_extend_the_state():
+    torch.manual_seed(0)
+    problem = _problem(4, 4, 2, "mesh2d:2x4")
+    env, instance = _instance(problem, P2P)
+    decoder = MappingDecoder(MappingPolicy(SMALL), instance)
+    full = decoder.complete([5, 2])
+    assert full[:2] == [5, 2] and sorted(full) == list(range(8))
+    env.fill = decoder.complete
+    mapping = env.mapping((5, 2))
+    assert mapping[env.slot_stage[0], env.slot_replica[0]] == 5
+    env.fill = lambda state: list(state) + [0] * (8 - len(state))  # repeats device 0
+    with pytest.raises(SearchError, match="distinct devices"):
+        env.mapping((5,))
+
+
+@pytest.mark.parametrize("mode", [P2P, ALLREDUCE])
+def test_learned_mapper_is_valid_and_never_worse_than_cs(mode):
+    """Even an untrained policy: the CS map is among the search's candidates."""
+    torch.manual_seed(0)
+    problem = _problem(5, 4, 4, "uniform-dist:16,seed=2")
+    mapping = learned_mapping(problem, MappingPolicy(SMALL), instantiation=mode, iterations=8)
+    assert mapping.shape == (4, 4) and sorted(mapping.reshape(-1).tolist()) == list(range(16))
+    assert max_stage_time(problem, mapping, mode) <= max_stage_time(problem, cs_map(problem), mode) + 1e-12
+
+
+def test_imitation_lowers_the_loss_on_exact_targets():
+    """A few Adam steps on exact mappings of three small problems fit them better (not to zero: devices
+    the topology makes equivalent get equal scores from an equivariant network, a floor of log(ties))."""
+    torch.manual_seed(0)
+    examples = build_examples(3, 1000, devices=(8,), time_limit=2.0)
+    assert all(e.proven for e in examples)
+    instances = [MappingInstance.build(e.problem, e.instantiation, *_order(e)) for e in examples]
+    policy = MappingPolicy(SMALL)
+    optimizer = torch.optim.Adam(policy.parameters(), lr=1e-2)
+
+    def loss() -> torch.Tensor:
+        return sum(imitation_loss(policy(i), i, e.devices) for i, e in zip(instances, examples)) / 3
+
+    with torch.no_grad():
+        before = float(loss())
+    for _ in range(60):
+        optimizer.zero_grad()
+        value = loss()
+        value.backward()
+        optimizer.step()
+    with torch.no_grad():
+        assert float(loss()) < 0.8 * before
+
+
+def _order(example):
+    env = MappingEnv(example.problem, instantiation=example.instantiation, lower_bound=example.lower_bound)
+    return env.slot_stage, env.slot_replica
+
+
+def test_checkpoint_round_trip_and_bad_files(tmp_path):
+    torch.manual_seed(0)
+    policy = MappingPolicy(SMALL)
+    path = tmp_path / "mapper.pt"
+    save_mapping_policy(path, policy, step=7, meta={"note": "x"})
+    loaded = load_mapping_policy(path)
+    assert loaded.step == 7 and loaded.config == SMALL and loaded.meta == {"note": "x"}
+    for name, value in policy.state_dict().items():
+        assert torch.equal(value, loaded.model.state_dict()[name])
+    (tmp_path / "bad.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(PolicyError, match="not a readable mapping policy"):
+        load_mapping_policy(tmp_path / "bad.pt")
+    torch.save({"format": "tag.policy"}, tmp_path / "other.pt")
+    with pytest.raises(PolicyError, match="not a mapping policy checkpoint"):
+        load_mapping_policy(tmp_path / "other.pt")
+    with pytest.raises(PolicyError, match="no mapping policy checkpoint"):
+        make_mapper("learned", policy=tmp_path / "missing.pt")
+
+
+def test_training_resumes_where_it_stopped(tmp_path):
+    """Two epochs in one go equal one epoch, an interruption, and a resumed second epoch."""
+    base = dict(instances=6, validation=2, devices=(8,), exact_time_limit=1.0, batch=3, policy=SMALL)
+    whole = train_mapper(MapperTrainConfig(epochs=2, **base), tmp_path / "whole")
+    train_mapper(MapperTrainConfig(epochs=1, **base), tmp_path / "parts")
+    with pytest.raises(TrainingError, match="exists"):
+        train_mapper(MapperTrainConfig(epochs=2, **base), tmp_path / "parts")
+    parts = train_mapper(MapperTrainConfig(epochs=2, **base), tmp_path / "parts", resume=True)
+    assert [round(r["loss"], 6) for r in parts["history"]] == [round(r["loss"], 6) for r in whole["history"]]
+    a = load_mapping_policy(tmp_path / "whole" / "checkpoint.pt").model.state_dict()
+    b = load_mapping_policy(tmp_path / "parts" / "checkpoint.pt").model.state_dict()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name])
+
+
+def test_shipped_mapper_places_a_pipeline_from_the_cli(capsys):
+    """`tag pipeline --mapper learned` with the shipped checkpoints/tag-mapper.pt: a valid mapping whose
+    objective is at least the exact mapper's lower bound and at most CS map's."""
+    assert load_mapping_policy(shipped_mapping_checkpoint()).step > 0
+    args = ("pipeline", "vgg19", "--tiny", "--cluster", "tag-testbed", "--stages", "4", "--replicas", "4")
+    learned = run_json(capsys, *args, "--mapper", "learned")
+    cs = run_json(capsys, *args, "--mapper", "cs")
+    exact = run_json(capsys, *args, "--mapper", "exact")
+    devices = [d for stage in learned["mapping"] for d in stage]
+    assert len(devices) == 16 and len(set(devices)) == 16
+    assert exact["max_stage_time_s"] * (1 - 1e-9) <= learned["max_stage_time_s"] <= cs["max_stage_time_s"] * (1 + 1e-9)
