@@ -62,20 +62,7 @@ def load_policy(path: str | os.PathLike, *, map_location: str | torch.device = "
     PolicyError when the file is missing, unreadable or corrupt, of another format or feature version, or
     when its weights do not fit its config.
     """
-    path = Path(path)
-    if not path.is_file():
-        raise PolicyError(f"no policy checkpoint at {str(path)!r}")
-    try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # torch raises pickle, zip, EOF and runtime errors for a damaged file
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PolicyError(f"{str(path)!r} is not a readable policy checkpoint: {reason[:200]}") from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        raise PolicyError(f"{str(path)!r} is not a policy checkpoint (format {_format_of(payload)!r}, "
-                          f"expected {CHECKPOINT_FORMAT!r})")
-    missing = [key for key in _REQUIRED if key not in payload]
-    if missing:
-        raise PolicyError(f"policy checkpoint {str(path)!r} lacks {', '.join(missing)}")
+    payload = read_checkpoint(path, CHECKPOINT_FORMAT, _REQUIRED, "policy checkpoint", map_location=map_location)
     if payload["version"] != CHECKPOINT_VERSION:
         raise PolicyError(f"policy checkpoint {str(path)!r} has version {payload['version']!r}; this tag reads "
                           f"version {CHECKPOINT_VERSION}")
@@ -90,17 +77,40 @@ def load_policy(path: str | os.PathLike, *, map_location: str | torch.device = "
     except (PolicyError, TypeError) as exc:
         raise PolicyError(f"policy checkpoint {str(path)!r}: bad config: {exc}") from None
     model = HeteroPolicy(**config.to_dict())
-    try:
-        model.load_state_dict(payload["model"], strict=True)
-    except (RuntimeError, TypeError, AttributeError) as exc:
-        first = str(exc).strip().splitlines()
-        raise PolicyError(f"policy checkpoint {str(path)!r}: the weights do not fit its config "
-                          f"({first[0][:200] if first else type(exc).__name__})") from None
+    load_weights(model, payload["model"], f"policy checkpoint {str(path)!r}")
     optimizer = payload["optimizer"]
     if optimizer is not None and not isinstance(optimizer, dict):
         raise PolicyError(f"policy checkpoint {str(path)!r}: optimizer state must be a dict or None")
     return PolicyCheckpoint(model.to(map_location), config, optimizer, step)
 
 
-def _format_of(payload: Any) -> Any:
-    return payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+def read_checkpoint(path: str | os.PathLike, fmt: str, required: tuple[str, ...], what: str, *,
+                    map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    """The payload dict of a checkpoint file of format ``fmt`` holding ``required`` keys, read with
+    ``weights_only=True``; PolicyError naming ``what`` when it is missing, corrupt or of another format."""
+    path = Path(path)
+    if not path.is_file():
+        raise PolicyError(f"no {what} at {str(path)!r}")
+    try:
+        payload = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises pickle, zip, EOF and runtime errors for a damaged file
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise PolicyError(f"{str(path)!r} is not a readable {what}: {reason[:200]}") from None
+    if not isinstance(payload, dict) or payload.get("format") != fmt:
+        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
+        raise PolicyError(f"{str(path)!r} is not a {what} (format {found!r}, expected {fmt!r})")
+    missing = [key for key in required if key not in payload]
+    if missing:
+        raise PolicyError(f"{what} {str(path)!r} lacks {', '.join(missing)}")
+    return payload
+
+
+def load_weights(model: torch.nn.Module, state: Any, where: str) -> None:
+    """``model.load_state_dict(state, strict=True)``, or PolicyError saying that ``where``'s weights do not
+    fit its config."""
+    try:
+        model.load_state_dict(state, strict=True)
+    except (RuntimeError, TypeError, AttributeError) as exc:
+        first = str(exc).strip().splitlines()
+        raise PolicyError(f"{where}: the weights do not fit its config "
+                          f"({first[0][:200] if first else type(exc).__name__})") from None

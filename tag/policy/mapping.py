@@ -51,6 +51,7 @@ from torch_geometric.nn import GATv2Conv
 from tag._atomic import atomic_open
 from tag.errors import OutputError
 from tag.exact.mapping import ALLREDUCE, P2P, MappingProblem
+from tag.policy.checkpoint import load_weights, read_checkpoint
 from tag.policy.errors import PolicyError
 
 __all__ = [
@@ -465,33 +466,14 @@ def save_mapping_policy(path: str | os.PathLike, model: MappingPolicy, optimizer
 def load_mapping_policy(path: str | os.PathLike) -> MappingCheckpoint:
     """Read a checkpoint of :func:`save_mapping_policy` with ``weights_only=True``; PolicyError when it is
     missing, corrupt, of another format or feature version, or its weights do not fit its config."""
-    path = Path(path)
-    if not path.is_file():
-        raise PolicyError(f"no mapping policy checkpoint at {str(path)!r}")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises pickle, zip, EOF and runtime errors for a damaged file
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PolicyError(f"{str(path)!r} is not a readable mapping policy checkpoint: {reason[:200]}") from None
-    if not isinstance(payload, dict) or payload.get("format") != CHECKPOINT_FORMAT:
-        found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
-        raise PolicyError(f"{str(path)!r} is not a mapping policy checkpoint (format {found!r}, "
-                          f"expected {CHECKPOINT_FORMAT!r})")
-    missing = [key for key in _REQUIRED if key not in payload]
-    if missing:
-        raise PolicyError(f"mapping policy checkpoint {str(path)!r} lacks {', '.join(missing)}")
+    payload = read_checkpoint(path, CHECKPOINT_FORMAT, _REQUIRED, "mapping policy checkpoint")
     for key, expected in (("version", CHECKPOINT_VERSION), ("feature_version", MAPPING_FEATURE_VERSION)):
         if payload[key] != expected:
             raise PolicyError(f"mapping policy checkpoint {str(path)!r} has {key} {payload[key]!r}; "
                               f"this tag reads {expected}")
     config = MappingPolicyConfig.from_dict(payload["config"])
     model = MappingPolicy(config)
-    try:
-        model.load_state_dict(payload["model"], strict=True)
-    except (RuntimeError, TypeError, AttributeError) as exc:
-        first = str(exc).strip().splitlines()
-        raise PolicyError(f"mapping policy checkpoint {str(path)!r}: the weights do not fit its config "
-                          f"({first[0][:200] if first else type(exc).__name__})") from None
+    load_weights(model, payload["model"], f"mapping policy checkpoint {str(path)!r}")
     model.eval()
     step = payload["step"]
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:

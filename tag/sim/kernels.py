@@ -47,7 +47,13 @@ except ImportError:  # pragma: no cover - exercised only without numba
 @_jit
 def _heap_push(keys, ids, size, key, task):
     """Insert (key, task) into the heap of ``size`` entries; returns the new size."""
-    position = size
+    _sift_up(keys, ids, size, key, task)
+    return size + 1
+
+
+@_jit
+def _sift_up(keys, ids, position, key, task):
+    """Put (key, task) in the hole at ``position``, moving it up past every larger parent."""
     while position > 0:
         parent = (position - 1) // 2
         if keys[parent] > key or (keys[parent] == key and ids[parent] > task):
@@ -58,7 +64,6 @@ def _heap_push(keys, ids, size, key, task):
             break
     keys[position] = key
     ids[position] = task
-    return size + 1
 
 
 @_jit
@@ -83,16 +88,7 @@ def _heap_pop_root(keys, ids, size):
         ids[position] = ids[child]
         position = child
         child = 2 * position + 1
-    while position > 0:
-        parent = (position - 1) // 2
-        if keys[parent] > key or (keys[parent] == key and ids[parent] > task):
-            keys[position] = keys[parent]
-            ids[position] = ids[parent]
-            position = parent
-        else:
-            break
-    keys[position] = key
-    ids[position] = task
+    _sift_up(keys, ids, position, key, task)
     return size
 
 
