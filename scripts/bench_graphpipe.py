@@ -8,7 +8,9 @@ Mini-batch: ``--batch-per-device`` × D samples (GraphPipe App. A.2 scales MMT t
 For each (model, D): GraphPipe's planner (:func:`tag.graphpipe.plan_graph_pipeline`) against the best
 sequential pipeline of :func:`tag.exact.plan_pipeline` with the PipeDream-style linear DP and with
 Parmesan's DP (``--sequential``), each scored by the same simulator; throughput = batch / simulated
-iteration time; search = planning wall time. The branch sweep traces CANDLE-Uno with 2..16 branches.
+iteration time; search = planning wall time. The graph planner also simulates the PipeDream-style
+and Parmesan chains (graph pipelines too); the kind column says whether a true graph of stages
+("graphpipe") or one of those chains won. The branch sweep traces CANDLE-Uno with 2..16 branches.
 Single process. Prints tables and ends with one JSON line.
 """
 
@@ -42,7 +44,7 @@ def run_one(graph, cluster, sequential: list[str]) -> dict:
     plan = plan_graph_pipeline(graph, cluster)
     row["graphpipe"] = {"throughput": batch / plan.iteration_time, "search_s": time.perf_counter() - start,
                         "stages": plan.num_stages, "depth": plan.depth, "micro_batches": plan.stage_graph.micro_batches,
-                        "feasible": bool(plan.result.feasible)}
+                        "feasible": bool(plan.result.feasible), "chosen": plan.info["chosen"]}
     for name in sequential:
         start = time.perf_counter()
         try:
@@ -79,12 +81,12 @@ def table(title: str, rows: list[dict], key: str, sequential: list[str]) -> Tabl
     for name in sequential:
         out.add_column(f"{name} samples/s")
     out.add_column("speed-up")
-    out.add_column("GraphPipe S/depth/M")
+    out.add_column("GraphPipe S/depth/M (kind)")
     out.add_column("search s (GP / " + " / ".join(sequential) + ")")
     for r in rows:
         gp = r["graphpipe"]
         out.add_row(str(r[key]), f"{gp['throughput']:.1f}", *[f"{r[n]['throughput']:.1f}" for n in sequential],
-                    f"{r['speedup']:.3f}", f"{gp['stages']}/{gp['depth']}/{gp['micro_batches']}",
+                    f"{r['speedup']:.3f}", f"{gp['stages']}/{gp['depth']}/{gp['micro_batches']} ({gp['chosen']})",
                     " / ".join(f"{r[n]['search_s']:.2f}" for n in ["graphpipe", *sequential]))
     return out
 

@@ -16,6 +16,7 @@ from tag.exact.pipeline import plan_pipeline, simulate_pipeline
 from tag.exact.schedules import BACKWARD, FORWARD, Action, stage_orders
 from tag.exact.stage_graph import ForwardGraph, PartitionError, build_stage_graph
 from tag.graphpipe import (
+    GraphPartition,
     SPError,
     block_graph,
     check_schedule,
@@ -30,6 +31,7 @@ from tag.graphpipe import (
     stage_inflight,
     unit_time_schedule_dag,
 )
+from tag.graphpipe.pipeline import _iteration_estimate
 
 V100 = gpu_type("v100-16gb")
 
@@ -256,6 +258,57 @@ def test_graph_plan_is_never_worse_than_the_sequential_plan(seed):
     sequential = plan_pipeline(graph, cluster, partitioner="pipedream", auto=True)
     assert graph_plan.result.feasible
     assert graph_plan.iteration_time <= sequential.iteration_time * (1 + 1e-9)
+
+
+@pytest.mark.parametrize("share", [1.0, 0.5, 0.25])
+def test_tail_share_holds_each_stage_step_to_its_share_of_the_steady_state(share):
+    fg = _chain_graph(np.random.default_rng(5), 6)
+    micro_batches = 4
+    fg.optimizer_time = 0.5 * fg.compute_time(1.0, 0)[:, None]  # [F, 1] steps as long as half the passes
+    options = dict(num_devices=3, micro_batches=micro_batches, bandwidth=10e9, fill_idle=False)
+    part = partition_graphpipe(fg, tail_share=share, **options)
+    assert (part.once_time > 0).all()
+    assert (part.once_time <= share * micro_batches * part.target * (1 + 1e-9)).all()
+    # stage_time stays the amortised cost, passes + step / M, whatever the share
+    assert (part.stage_time <= part.target * (1 + 1e-9)).all()
+    assert part.target >= partition_graphpipe(fg, **options).target * (1 - 1e-9)
+
+
+def test_tail_share_must_be_a_share():
+    fg = _chain_graph(np.random.default_rng(5), 4)
+    for share in (0.0, 1.5):
+        with pytest.raises(PartitionError, match="tail_share"):
+            partition_graphpipe(fg, num_devices=2, micro_batches=2, bandwidth=10e9, tail_share=share)
+
+
+def test_iteration_estimate_puts_each_step_after_its_last_backward_pass():
+    """Two stages, M = 4, passes 1 and 2 s per micro-batch, steps 3 and 5 s, backward half the passes:
+    the passes fill (4 + 2 - 1)·2 = 10 s; the entry's step adds 3, the exit's step starts one backward
+    hop (0.5·2 = 1 s) before the entry's last backward ends, so it adds 5 - 1 = 4: 14 s."""
+    once = np.array([3.0, 5.0])
+    part = GraphPartition(np.array([0, 1]), np.array([1, 1]), np.array([0]), np.array([1]), np.array([2, 1]),
+                          np.array([1.0, 2.0]) + once / 4, once, 4, 2.0, [0, 1])
+    assert _iteration_estimate(part, backward_share=0.5) == pytest.approx(14.0)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_sequential_chains_are_simulated_so_the_graph_plan_never_loses(seed):
+    """By construction: the PipeDream-style and Parmesan chains are candidates scored by the same
+    simulator, so the plan is never slower than either, nor than the graph-only search."""
+    rng = np.random.default_rng(400 + seed)
+    graph = _random_fork_join(rng)
+    cluster = _cluster(int(rng.integers(2, 5)))
+    plan = plan_graph_pipeline(graph, cluster)
+    graph_only = plan_graph_pipeline(graph, cluster, sequential=())
+    chains = {name: plan_pipeline(graph, cluster, partitioner=name, auto=True) for name in ("pipedream", "parmesan")}
+    assert plan.iteration_time <= min(graph_only.iteration_time,
+                                      *(c.iteration_time for c in chains.values())) * (1 + 1e-9)
+    assert plan.info["chosen"] in ("graphpipe", *chains)
+    for name, chain in chains.items():
+        simulated = [row for row in plan.info["search"] if row["method"] == name]
+        assert len(simulated) == 1
+        assert simulated[0]["iteration_time_s"] == pytest.approx(chain.iteration_time, rel=1e-9)
+    assert {row["method"] for row in graph_only.info["search"]} == {"graphpipe"}
 
 
 def test_partitioner_reports_memory_infeasibility():

@@ -13,6 +13,8 @@ from tag.graphpipe.partition import (
 )
 from tag.graphpipe.pipeline import (
     DEFAULT_SLACK,
+    SEQUENTIAL,
+    TAIL_SHARES,
     GraphPipelinePlan,
     compile_graph_pipeline,
     graph_stage_graph,
@@ -54,5 +56,5 @@ __all__ = [
     "unit_time_schedule_dag", "format_grid_dag", "ScheduleError",
     # plans
     "compile_graph_pipeline", "simulate_graph_pipeline", "graph_stage_graph", "GraphPipelinePlan",
-    "plan_graph_pipeline", "DEFAULT_SLACK",
+    "plan_graph_pipeline", "DEFAULT_SLACK", "TAIL_SHARES", "SEQUENTIAL",
 ]

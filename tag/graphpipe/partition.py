@@ -36,8 +36,11 @@ a stage of nodes V with d replicas and M micro-batches takes, per micro-batch,
 plus what runs once per iteration amortised over the M micro-batches: the ring all-reduce of its
 parameters, 2(d − 1)/d · params / bandwidth, and its optimizer step (on every replica; in Adam-heavy
 models such as DLRM's embedding tables it outweighs the passes, so a DP blind to it balances the wrong
-thing). M · T is then a lower bound on the iteration time. Memory per device: 4 × parameters (fp32 Adam) + min(i, M) ×
-(activations kept + inputs received) per micro-batch share.
+thing). M · T is then a lower bound on the iteration time. The step really runs once, after the stage's
+last backward pass, so it adds to the iteration rather than hiding in the steady state; a ``tail_share``
+< 1 also holds it to that share of M · T, which the planner uses to reach plans that split heavy steps.
+Memory per device: 4 × parameters (fp32 Adam) + min(i, M) × (activations kept + inputs received) per
+micro-batch share.
 """
 
 from __future__ import annotations
@@ -448,6 +451,7 @@ class GraphPartition:
     edge_dst: np.ndarray  # [E]
     inflight: np.ndarray  # [S] micro-batches in flight at the peak (DP's estimate)
     stage_time: np.ndarray  # [S] seconds per micro-batch, the partitioner's cost model
+    once_time: np.ndarray  # [S] seconds per iteration of the all-reduce and optimizer step (in stage_time / M)
     micro_batches: int  # M
     target: float  # the binary search's bottleneck stage time, seconds per micro-batch
     device_order: list[int]  # [S] stage ids in the order devices are handed out (branch by branch)
@@ -467,12 +471,14 @@ class _Tables:
     """Everything that depends on M but not on the target."""
 
     time: np.ndarray  # [C, D+1] seconds per micro-batch, inf where d is not allowed
+    passes: np.ndarray  # [C, D+1] seconds per micro-batch of the passes and boundary transfers
+    once: np.ndarray  # [C, D+1] seconds per iteration of the all-reduce and optimizer step
     memory_limit: np.ndarray  # [C, D+1] most micro-batches in flight that fit (depth_limit when all do)
     depth_limit: int
 
 
 def _tables(cands: _Candidates, num_devices: int, micro_batches: int, batch: int, capacity: float,
-            bandwidth: float, max_replicas: int) -> _Tables:
+            bandwidth: float, max_replicas: int, tail_share: float) -> _Tables:
     d = np.arange(num_devices + 1, dtype=np.float64)
     with np.errstate(divide="ignore"):
         fraction = np.where(d > 0, 1.0 / (micro_batches * np.maximum(d, 1)), 0.0)  # [D+1]
@@ -483,7 +489,10 @@ def _tables(cands: _Candidates, num_devices: int, micro_batches: int, batch: int
     once = np.broadcast_to(c.optimizer[:, None], time_.shape)  # [C, D+1] per iteration, every replica
     if np.isfinite(bandwidth):
         once = once + 2.0 * np.maximum(d - 1, 0) / np.maximum(d, 1) * c.params[:, None] / bandwidth
-    time_ = time_ + once / micro_batches
+    passes = time_
+    time_ = passes + once / micro_batches
+    if tail_share < 1.0:  # the step runs after the last backward pass: cap it at a share of M·T
+        time_ = np.maximum(time_, once / (tail_share * micro_batches))
     allowed = (d >= 1) & (d <= max_replicas) & (d * micro_batches <= batch)
     time_[:, ~allowed] = np.inf
     depth_limit = num_devices
@@ -495,7 +504,7 @@ def _tables(cands: _Candidates, num_devices: int, micro_batches: int, batch: int
         fits = np.where(per_micro > 0, np.floor(room / np.where(per_micro > 0, per_micro, 1.0)), np.inf)
     limit = np.where(fits >= micro_batches, depth_limit, np.minimum(fits, depth_limit))
     limit = np.where(room < 0, -1, limit).astype(np.int64)
-    return _Tables(time_, limit, depth_limit)
+    return _Tables(time_, passes, np.array(once), limit, depth_limit)
 
 
 class _Search:
@@ -562,12 +571,14 @@ class _Search:
 
 
 def _search(bg: BlockGraph, num_devices: int, micro_batches: int, capacity: float, bandwidth: float,
-            max_replicas: int | None) -> _Search:
-    key = (num_devices, micro_batches, capacity, bandwidth, max_replicas)
+            max_replicas: int | None, tail_share: float) -> _Search:
+    if not 0 < tail_share <= 1:
+        raise PartitionError(f"tail_share must be in (0, 1], got {tail_share!r}")
+    key = (num_devices, micro_batches, capacity, bandwidth, max_replicas, tail_share)
     search = bg.searches.get(key)
     if search is None:
         tables = _tables(bg.candidates, num_devices, micro_batches, bg.fg.batch_size, capacity, bandwidth,
-                         num_devices if max_replicas is None else max_replicas)
+                         num_devices if max_replicas is None else max_replicas, tail_share)
         search = _Search(bg.program, tables)
         bg.searches[key] = search
     return search
@@ -587,12 +598,13 @@ def solve_for_target(bg: BlockGraph, tables: _Tables, target: float) -> tuple[in
 
 def depth_frontier(fg: ForwardGraph | BlockGraph, *, num_devices: int, micro_batches: int,
                    capacity: float = np.inf, bandwidth: float, max_replicas: int | None = None,
-                   **block_options: Any) -> list[tuple[float, int]]:
+                   tail_share: float = 1.0, **block_options: Any) -> list[tuple[float, int]]:
     """(bottleneck seconds per micro-batch, shallowest depth) at every point of the Pareto front the
     DP reaches, least bottleneck first: every sequential or graph pipeline it can express is dominated
-    by one of them. ``block_options`` go to :func:`block_graph` when ``fg`` is not one yet."""
+    by one of them. ``tail_share`` as in :func:`partition_graphpipe`; ``block_options`` go to
+    :func:`block_graph` when ``fg`` is not one yet."""
     bg = fg if isinstance(fg, BlockGraph) else block_graph(fg, **block_options)
-    search = _search(bg, num_devices, micro_batches, capacity, bandwidth, max_replicas)
+    search = _search(bg, num_devices, micro_batches, capacity, bandwidth, max_replicas, tail_share)
     return [(float(search.values[i]), search.depth(i)) for i in search.frontier()]
 
 
@@ -623,7 +635,7 @@ def _fill_idle(stages: list[list[int]], tables: _Tables, num_devices: int) -> No
 
 def partition_graphpipe(fg: ForwardGraph | BlockGraph, *, num_devices: int, micro_batches: int,
                         capacity: float = np.inf, bandwidth: float, reference_type: int = 0,
-                        max_replicas: int | None = None, target: float | None = None,
+                        max_replicas: int | None = None, tail_share: float = 1.0, target: float | None = None,
                         max_depth: int | None = None, fallback: str = "linearise",
                         max_chain: int = DEFAULT_MAX_CHAIN, fill_idle: bool = True) -> GraphPartition:
     """GraphPipe's stage partitioner for M = ``micro_batches`` on ``num_devices`` devices.
@@ -631,7 +643,10 @@ def partition_graphpipe(fg: ForwardGraph | BlockGraph, *, num_devices: int, micr
     The binary search finds the least bottleneck stage time T (seconds per micro-batch, module
     docstring) whose shallowest plan is at most ``max_depth`` stages deep (default: any depth, T*);
     the plan at T is the shallowest one. ``target`` fixes T instead. ``max_replicas`` caps the
-    data-parallel degree of a stage. Raises PartitionError when nothing fits.
+    data-parallel degree of a stage. ``tail_share`` < 1 also holds each stage's all-reduce and optimizer
+    step to that share of M·T: the step runs once after the stage's last backward pass, so it adds to
+    the iteration instead of hiding in the steady state as the amortised cost assumes; a lower share
+    trades a deeper or wider plan for a shorter tail. Raises PartitionError when nothing fits.
     """
     for name, value in (("num_devices", num_devices), ("micro_batches", micro_batches)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
@@ -643,7 +658,7 @@ def partition_graphpipe(fg: ForwardGraph | BlockGraph, *, num_devices: int, micr
     start = time.perf_counter()
     bg = fg if isinstance(fg, BlockGraph) else block_graph(fg, reference_type=reference_type, fallback=fallback,
                                                            max_chain=max_chain)
-    search = _search(bg, num_devices, micro_batches, capacity, bandwidth, max_replicas)
+    search = _search(bg, num_devices, micro_batches, capacity, bandwidth, max_replicas, tail_share)
     best_index = search.least(K.INF - 1)
     if best_index is None:
         raise PartitionError(f"no graph of stages on {num_devices} devices with {micro_batches} micro-batches "
@@ -671,10 +686,11 @@ def partition_graphpipe(fg: ForwardGraph | BlockGraph, *, num_devices: int, micr
     order = np.argsort(rank)
     replicas = np.array([stage_list[k][1] for k in order], dtype=np.int64)
     inflight = np.array([stage_list[k][2] for k in order], dtype=np.int64)
-    times = np.array([tables.time[stage_list[k][0], stage_list[k][1]] for k in order])
-    info = {"method": "graphpipe", "blocks": bg.num_blocks, "tree_nodes": len(bg.kind),
+    once = np.array([tables.once[stage_list[k][0], stage_list[k][1]] for k in order])
+    times = np.array([tables.passes[stage_list[k][0], stage_list[k][1]] for k in order]) + once / micro_batches
+    info = {"method": "graphpipe", "tail_share": tail_share, "blocks": bg.num_blocks, "tree_nodes": len(bg.kind),
             "candidates": len(bg.candidates.sets), "program_ops": len(bg.program.kind), "target_s": chosen,
             "best_target_s": float(search.values[best_index]), "entry_inflight": value,
             "sp_fallbacks": len(bg.sp_tree.fallbacks), "partition_s": time.perf_counter() - start}
-    return GraphPartition(rank[block_stage[bg.group]], replicas, edge_src, edge_dst, inflight, times,
+    return GraphPartition(rank[block_stage[bg.group]], replicas, edge_src, edge_dst, inflight, times, once,
                           int(micro_batches), chosen, [int(rank[k]) for k in range(len(stage_list))], info)

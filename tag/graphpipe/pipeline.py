@@ -12,11 +12,19 @@ activations of a micro-batch from ``sFm`` to the end of ``sBm``, received activa
 until ``sBm`` ends.
 
 **Planning** (:func:`plan_graph_pipeline`): for every micro-batch count M (powers of two, at most the
-batch), the partitioner's Pareto front of (bottleneck T, depth) (:func:`tag.graphpipe.depth_frontier`);
-every point whose estimated iteration (M + depth − 1)·T is within ``slack`` of the best estimate is
-compiled and simulated, and the fastest feasible one is kept — the same "score candidates by
-simulation" rule as :func:`tag.exact.plan_pipeline`. A sequential pipeline of S stages at bottleneck T
-is dominated on the front (a chain is a series-parallel graph), so it is never out of reach.
+batch) and every tail share of :data:`TAIL_SHARES`, the partitioner's Pareto front of (bottleneck T,
+depth) (:func:`tag.graphpipe.depth_frontier`), each point rebuilt into its plan. The partitioner
+amortises a stage's all-reduce and optimizer step over the M micro-batches, but the simulator (like a
+real iteration) runs them once, after the stage's last backward pass — and the entry stages of a graph
+pipeline finish their backward passes last — so a plan the DP ranks first can simulate worse; the
+tail shares add plans that keep those steps short, and plans are ranked by
+:func:`_iteration_estimate`, which puts each step after its stage's last backward pass. Every plan within
+``slack`` of the best estimate is compiled and simulated, and the fastest feasible one is kept — the
+same "score candidates by simulation" rule as :func:`tag.exact.plan_pipeline`. A chain of stages is a
+series-parallel graph, so the sequential pipelines of :data:`SEQUENTIAL` (PipeDream-style and Parmesan
+DPs, through :func:`tag.exact.plan_pipeline`) are graph pipelines too: they are simulated in the same
+pass, with this module's orders, so the plan returned is never slower in simulation than they are
+(``info["chosen"]`` says which partitioner's plan won).
 """
 
 from __future__ import annotations
@@ -31,7 +39,7 @@ import numpy as np
 from tag.cluster.cluster import Cluster
 from tag.cost.comm import allreduce_time
 from tag.cost.compute import CostModel
-from tag.exact.pipeline import reference_bandwidth
+from tag.exact.pipeline import plan_pipeline, reference_bandwidth
 from tag.exact.schedules import BACKWARD, FORWARD, Action
 from tag.exact.stage_graph import ADAM_MEMORY_COPIES, ForwardGraph, PartitionError, StageGraph, build_stage_graph
 from tag.graph.opgraph import OpGraph
@@ -41,13 +49,18 @@ from tag.graphpipe.scheduler import graph_stage_orders, stage_depths, stage_infl
 from tag.sim import SimulationResult, TaskGraph, TaskGraphBuilder, simulate_fast
 
 __all__ = ["compile_graph_pipeline", "simulate_graph_pipeline", "GraphPipelinePlan", "plan_graph_pipeline",
-           "graph_stage_graph", "DEFAULT_SLACK"]
+           "graph_stage_graph", "DEFAULT_SLACK", "TAIL_SHARES", "SEQUENTIAL"]
 
 log = logging.getLogger(__name__)
 
-# frontier points simulated: those whose estimated iteration (M + depth - 1) * T is within this fraction of
-# the best estimate over every M
+# plans simulated: those whose estimated iteration (_iteration_estimate) is within this fraction of the best
+# estimate over every M
 DEFAULT_SLACK = 0.25
+# shares of the steady state M·T a stage's all-reduce and optimizer step may take (partition_graphpipe's
+# tail_share): 1 is the amortised cost alone; lower shares add plans that split optimizer-heavy stages
+TAIL_SHARES = (1.0, 0.5, 0.25)
+# sequential partitioners of tag.exact whose plans are candidates too: their chains are graph pipelines
+SEQUENTIAL = ("pipedream", "parmesan")
 
 
 def _overlap(i: int, r_a: int, j: int, r_b: int) -> float:
@@ -239,6 +252,57 @@ def _micro_batch_counts(batch: int, num_devices: int, given: int | None) -> list
     return out
 
 
+def _backward_share(fg: ForwardGraph, reference_type: int) -> float:
+    """Share of a micro-batch's passes that is backward, at the full batch on the reference type."""
+    t = reference_type
+    backward = float((fg.bwd_fixed[:, t] + fg.bwd_scaled[:, t]).sum())
+    total = backward + float((fg.fwd_fixed[:, t] + fg.fwd_scaled[:, t]).sum())
+    return backward / total if total > 0 else 0.5
+
+
+def _iteration_estimate(partition: GraphPartition, backward_share: float) -> float:
+    """Seconds per iteration of a partition under 1F1B, closer than (M + depth - 1)·T: the passes fill
+    (M + depth - 1) slots of the slowest stage's per-micro-batch time P, and a stage's all-reduce and
+    optimizer step start only after its last backward pass, which ends (depth - in-flight) backward
+    hops before the entry stages' — so the step of a stage near the exit hides behind the backward
+    passes still draining upstream, and the step of an entry stage adds in full."""
+    m = partition.micro_batches
+    passes = partition.stage_time - partition.once_time / m  # [S]
+    slowest = float(passes.max())
+    depth = int(partition.inflight.max())
+    drain = (depth - partition.inflight) * backward_share * slowest  # [S]
+    return (m + depth - 1) * slowest + float(np.max(partition.once_time - drain))
+
+
+def _sequential_candidate(graph: OpGraph, cluster: Cluster, devices: list[int], partitioner: str, *,
+                          micro_batches: int | None, bandwidth: float, cost: CostModel | None,
+                          max_replicas: int | None) -> tuple[GraphPartition, list[list[int]]] | None:
+    """The sequential pipeline of :func:`tag.exact.plan_pipeline` with ``partitioner`` (its (S, R, M)
+    search) as a graph partition and its mapping; None when it finds nothing. Its stages form a chain
+    (a series-parallel graph), so it is a graph pipeline too; the planner re-simulates it with its own
+    orders, so both kinds are scored by one simulator; its in-flight counts are those of a chain (1F1B),
+    even where the stage DAG has stages with no path between them, so the re-simulation matches
+    :func:`tag.exact.simulate_pipeline`. None too when its replicas exceed ``max_replicas``."""
+    try:
+        plan = plan_pipeline(graph, cluster, partitioner=partitioner, auto=True, devices=devices,
+                             micro_batches=micro_batches, bandwidth=bandwidth, cost=cost)
+    except PartitionError as error:
+        log.info("no %s candidate: %s", partitioner, error)
+        return None
+    sg = plan.stage_graph
+    if max_replicas is not None and int(sg.replicas.max()) > max_replicas:
+        return None
+    t = sg.reference_type
+    chain = np.arange(sg.num_stages)
+    inflight = stage_inflight(sg.num_stages, chain[:-1], chain[1:], micro_batches=sg.micro_batches)
+    once = sg.optimizer_time[:, t] + np.array([allreduce_time(cluster, row, float(sg.param_bytes[s]))
+                                               if len(row) > 1 else 0.0 for s, row in enumerate(plan.mapping)])
+    part = GraphPartition(sg.forward_assignment.copy(), sg.replicas.copy(), sg.edge_src.copy(), sg.edge_dst.copy(),
+                          inflight, sg.stage_time + once / sg.micro_batches, once, sg.micro_batches,
+                          float(sg.stage_time.max()), list(range(sg.num_stages)), {"method": partitioner})
+    return part, plan.mapping
+
+
 def _mapping(partition: GraphPartition, devices: list[int]) -> list[list[int]]:
     """Devices handed out stage by stage in the DP's order (a branch's stages get neighbouring ids)."""
     rows: list[list[int]] = [[] for _ in range(partition.num_stages)]
@@ -254,14 +318,16 @@ def plan_graph_pipeline(graph: OpGraph, cluster: Cluster, *, num_devices: int | 
                         devices: Sequence[int] | None = None, micro_batches: int | None = None,
                         slack: float = DEFAULT_SLACK, max_replicas: int | None = None,
                         fallback: str = "linearise", max_chain: int = DEFAULT_MAX_CHAIN,
-                        bandwidth: float | None = None, cost: CostModel | None = None) -> GraphPipelinePlan:
+                        bandwidth: float | None = None, cost: CostModel | None = None,
+                        sequential: Sequence[str] = SEQUENTIAL) -> GraphPipelinePlan:
     """Plan a graph pipeline of ``graph`` on ``cluster`` (module docstring).
 
     ``num_devices`` takes the first devices (default all), ``devices`` names them; ``micro_batches``
     fixes M (default: powers of two up to min(batch, 4·D)); ``slack`` how far above the best estimated
     iteration a frontier point may be and still be simulated; ``max_replicas`` caps a stage's
     data-parallel degree; ``fallback`` / ``max_chain`` go to the SP decomposition and its coarsening;
-    ``bandwidth`` overrides the median link bandwidth boundary tensors are priced at.
+    ``bandwidth`` overrides the median link bandwidth boundary tensors are priced at; ``sequential``
+    names the sequential partitioners whose plans are candidates too (module docstring; () for none).
     """
     if devices is None:
         count = cluster.num_devices if num_devices is None else num_devices
@@ -286,30 +352,42 @@ def plan_graph_pipeline(graph: OpGraph, cluster: Cluster, *, num_devices: int | 
     price = bandwidth if bandwidth is not None else reference_bandwidth(cluster, device_list)
     bg = block_graph(fg, reference_type=reference_type, fallback=fallback, max_chain=max_chain)
     options = dict(num_devices=len(device_list), capacity=capacity, bandwidth=price, max_replicas=max_replicas)
-    points: list[tuple[float, int, int]] = []  # (estimated iteration s, M, depth)
+    backward_share = _backward_share(fg, reference_type)
+    candidates: dict[tuple, tuple[float, GraphPartition]] = {}  # plan key -> (estimated iteration s, partition)
     failures: list[str] = []
+    points = 0
     for m in _micro_batch_counts(graph.batch_size, len(device_list), micro_batches):
-        front = depth_frontier(bg, micro_batches=m, **options)
-        if not front:
-            failures.append(f"M={m}: nothing fits device memory ({capacity / 2**30:.3g} GiB)")
-        points += [((m + depth - 1) * target, m, depth) for target, depth in front]
-    if not points:
+        for share in TAIL_SHARES:
+            front = depth_frontier(bg, micro_batches=m, tail_share=share, **options)
+            if not front and share == TAIL_SHARES[0]:
+                failures.append(f"M={m}: nothing fits device memory ({capacity / 2**30:.3g} GiB)")
+            points += len(front)
+            for _, depth in front:
+                part = partition_graphpipe(bg, micro_batches=m, max_depth=depth, tail_share=share, **options)
+                key = (m, part.forward_stage.tobytes(), part.replicas.tobytes())
+                candidates.setdefault(key, (_iteration_estimate(part, backward_share), part))
+    if not candidates:
         reason = f"; first failure: {failures[0]}" if failures else ""
         raise PartitionError(f"no graph pipeline fits {len(device_list)} devices{reason}")
-    cutoff = (1.0 + slack) * min(p[0] for p in points)
+    cutoff = (1.0 + slack) * min(estimate for estimate, _ in candidates.values())
+    shortlist = [(estimate, part, _mapping(part, device_list),
+                  stage_inflight(part.num_stages, part.edge_src, part.edge_dst, micro_batches=part.micro_batches))
+                 for estimate, part in sorted(candidates.values(), key=lambda c: c[0]) if estimate <= cutoff]
+    for partitioner in sequential:
+        chain = _sequential_candidate(graph, cluster, device_list, partitioner, micro_batches=micro_batches,
+                                      bandwidth=price, cost=cost, max_replicas=max_replicas)
+        if chain is not None:
+            shortlist.append((_iteration_estimate(chain[0], backward_share), *chain, chain[0].inflight))
     best: GraphPipelinePlan | None = None
     search: list[dict[str, Any]] = []
-    for estimate, m, depth in sorted(points):
-        if estimate > cutoff:
-            break
-        part = partition_graphpipe(bg, micro_batches=m, max_depth=depth, **options)
+    for estimate, part, mapping, inflight in shortlist:
+        m = part.micro_batches
         sg = graph_stage_graph(fg, part, reference_type=reference_type)
         sg.info["batch_size"] = graph.batch_size
-        inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=m)
         orders = graph_stage_orders(inflight, m)
-        mapping = _mapping(part, device_list)
         taskgraph, result = simulate_graph_pipeline(sg, cluster, mapping, orders)
-        search.append({"micro_batches": m, "depth": depth, "stages": sg.num_stages, "target_s": part.target,
+        search.append({"method": part.info["method"], "micro_batches": m, "depth": int(inflight.max()),
+                       "stages": sg.num_stages, "target_s": part.target, "tail_share": part.info.get("tail_share"),
                        "estimate_s": estimate, "iteration_time_s": result.iteration_time,
                        "feasible": bool(result.feasible)})
         plan = GraphPipelinePlan(sg, mapping, orders, inflight, part, taskgraph, result)
@@ -318,7 +396,8 @@ def plan_graph_pipeline(graph: OpGraph, cluster: Cluster, *, num_devices: int | 
             best = plan
     best.solve_time_s = time.perf_counter() - start
     best.info.update({"planning_time_s": best.solve_time_s, "configurations_simulated": len(search),
-                      "frontier_points": len(points), "blocks": bg.num_blocks,
-                      "sp_fallbacks": len(bg.sp_tree.fallbacks), "target_s": best.partition.target})
+                      "frontier_points": points, "blocks": bg.num_blocks,
+                      "sp_fallbacks": len(bg.sp_tree.fallbacks), "target_s": best.partition.target,
+                      "chosen": best.partition.info["method"]})
     best.info["search"] = search
     return best
