@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tag._arrays import edge_arrays
 from tag.errors import TagError
 
 __all__ = [
@@ -44,19 +45,9 @@ class DownsetLimitError(TagError):
             f"before stopping); cluster to fewer hyper-ops (smaller K) or raise the downset limit")
 
 
-def _check_edges(num_nodes: int, src: Sequence[int], dst: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    src = np.asarray(src, dtype=np.int64).reshape(-1)
-    dst = np.asarray(dst, dtype=np.int64).reshape(-1)
-    if src.shape != dst.shape:
-        raise TagError(f"edge lists differ in length: {src.size} sources, {dst.size} targets")
-    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_nodes):
-        raise TagError(f"an edge names a node outside 0..{num_nodes - 1}")
-    return src, dst
-
-
 def predecessor_masks(num_nodes: int, src: Sequence[int], dst: Sequence[int]) -> list[int]:
     """[K] bitmask of each node's direct predecessors."""
-    src, dst = _check_edges(num_nodes, src, dst)
+    src, dst = edge_arrays(num_nodes, src, dst, TagError)
     masks = [0] * num_nodes
     for a, b in zip(src.tolist(), dst.tolist()):
         masks[b] |= 1 << a
@@ -80,7 +71,7 @@ def unique_topological_order(num_nodes: int, src: Sequence[int], dst: Sequence[i
 
     Raises TagError on a cycle.
     """
-    src, dst = _check_edges(num_nodes, src, dst)
+    src, dst = edge_arrays(num_nodes, src, dst, TagError)
     indegree = np.bincount(dst, minlength=num_nodes)
     succ: list[list[int]] = [[] for _ in range(num_nodes)]
     for a, b in zip(src.tolist(), dst.tolist()):

@@ -48,7 +48,7 @@ from tag.exact.partition import (
     partition_pipedream,
 )
 from tag.exact.rannc import RannCSolution, blocks_from_groups, form_stage, rannc_dp, solution_stages
-from tag.exact.schedules import BACKWARD, FORWARD, stage_orders
+from tag.exact.schedules import BACKWARD, FORWARD, Action, stage_orders
 from tag.exact.stage_graph import (
     ADAM_MEMORY_COPIES,
     SCHEDULES,
@@ -143,8 +143,10 @@ def _overlap(i: int, r_a: int, j: int, r_b: int) -> float:
 
 
 def compile_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]], *,
-                     schedule: str = "1f1b") -> TaskGraph:
-    """The TaskGraph of one training iteration of the pipeline (module docstring)."""
+                     schedule: str = "1f1b", orders: Sequence[Sequence[Action]] | None = None) -> TaskGraph:
+    """The TaskGraph of one training iteration of the pipeline (module docstring). ``orders`` [S]: each
+    stage's own order of actions (a graph pipeline's static schedule, tag.graphpipe) instead of the
+    chain's ``schedule``; the stage graph may then be any DAG of stages."""
     rows = _check_mapping(stage_graph, cluster, mapping)
     sg = stage_graph
     num_stages, micro_batches = sg.num_stages, sg.micro_batches
@@ -158,7 +160,8 @@ def compile_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequenc
                 raise PartitionError(f"the stage graph has no times for {cluster.gpu(d).name} (device {d}); "
                                      "build it with the cluster's GPU types")
     builder = TaskGraphBuilder(cluster, num_groups=num_stages)
-    orders = stage_orders(num_stages, micro_batches, schedule)
+    if orders is None:
+        orders = stage_orders(num_stages, micro_batches, schedule)
     task: dict[tuple[int, int, str, int], int] = {}  # (stage, replica, kind, micro-batch) -> task id
     for s, row in enumerate(rows):
         for r, device in enumerate(row):

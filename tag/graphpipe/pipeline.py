@@ -1,8 +1,8 @@
 """Graph-pipeline plans: a DAG of stages compiled to the shared TaskGraph, simulated, planned end to end.
 
-**Compilation** (:func:`compile_graph_pipeline`) follows :mod:`tag.exact.pipeline` (same task names,
-labels and memory rules) with two differences: the stage graph is a DAG, so a stage may send to and
-receive from several stages, and each stage runs its own order from the static scheduler
+**Compilation** (:func:`compile_graph_pipeline`) is :func:`tag.exact.compile_pipeline` (same task names,
+labels and memory rules; the stage graph is a DAG, so a stage may send to and receive from several
+stages) with each stage running its own order from the static scheduler
 (:mod:`tag.graphpipe.scheduler`) instead of the chain's 1F1B. Per replica and micro-batch: ``sFm`` and
 ``sBm`` chained in the stage's order; for every stage edge a → b a p2p transfer of the activation
 after ``aFm`` that ``bFm`` waits for and of its gradient after ``bBm`` that ``aBm`` waits for (replica
@@ -39,14 +39,14 @@ import numpy as np
 from tag.cluster.cluster import Cluster
 from tag.cost.comm import allreduce_time
 from tag.cost.compute import CostModel
-from tag.exact.pipeline import plan_pipeline, reference_bandwidth
-from tag.exact.schedules import BACKWARD, FORWARD, Action
+from tag.exact.pipeline import compile_pipeline, plan_pipeline, reference_bandwidth
+from tag.exact.schedules import Action
 from tag.exact.stage_graph import ADAM_MEMORY_COPIES, ForwardGraph, PartitionError, StageGraph, build_stage_graph
 from tag.graph.opgraph import OpGraph
 from tag.graphpipe.partition import DEFAULT_MAX_CHAIN, GraphPartition, block_graph, depth_frontier, \
     partition_graphpipe
 from tag.graphpipe.scheduler import graph_stage_orders, stage_depths, stage_inflight
-from tag.sim import SimulationResult, TaskGraph, TaskGraphBuilder, simulate_fast
+from tag.sim import SimulationResult, TaskGraph, simulate_fast
 
 __all__ = ["compile_graph_pipeline", "simulate_graph_pipeline", "GraphPipelinePlan", "plan_graph_pipeline",
            "graph_stage_graph", "DEFAULT_SLACK", "TAIL_SHARES", "SEQUENTIAL"]
@@ -63,101 +63,15 @@ TAIL_SHARES = (1.0, 0.5, 0.25)
 SEQUENTIAL = ("pipedream", "parmesan")
 
 
-def _overlap(i: int, r_a: int, j: int, r_b: int) -> float:
-    """Fraction of the micro-batch that replica i of r_a and replica j of r_b both cover."""
-    return max(0.0, min((i + 1) / r_a, (j + 1) / r_b) - max(i / r_a, j / r_b))
-
-
-def _check_mapping(sg: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]]) -> list[list[int]]:
-    rows = [[int(d) for d in row] for row in mapping]
-    if len(rows) != sg.num_stages:
-        raise PartitionError(f"mapping has {len(rows)} rows for {sg.num_stages} stages")
-    for s, row in enumerate(rows):
-        if len(row) != sg.replicas[s]:
-            raise PartitionError(f"mapping row {s} has {len(row)} devices for {sg.replicas[s]} replicas")
-        if any(not 0 <= d < cluster.num_devices for d in row):
-            raise PartitionError(f"mapping row {s} names a device outside 0..{cluster.num_devices - 1}")
-    flat = [d for row in rows for d in row]
-    if len(set(flat)) != len(flat):
-        raise PartitionError("mapping places two stage replicas on one device")
-    return rows
-
-
 def compile_graph_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]],
                            orders: Sequence[Sequence[Action]] | None = None) -> TaskGraph:
-    """The TaskGraph of one iteration (module docstring); ``orders`` default to the static scheduler's
-    over the stage DAG of ``stage_graph``."""
+    """The TaskGraph of one iteration (module docstring): :func:`tag.exact.compile_pipeline` with each
+    stage's own order, by default the static scheduler's over the stage DAG of ``stage_graph``."""
     sg = stage_graph
-    rows = _check_mapping(sg, cluster, mapping)
     if orders is None:
         inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=sg.micro_batches)
         orders = graph_stage_orders(inflight, sg.micro_batches)
-    type_of = {}
-    for row in rows:
-        for d in row:
-            gpu = cluster.gpu(d)
-            if gpu not in sg.gpu_types:
-                raise PartitionError(f"the stage graph has no times for {gpu.name} (device {d})")
-            type_of[d] = sg.gpu_types.index(gpu)
-    builder = TaskGraphBuilder(cluster, num_groups=sg.num_stages)
-    task: dict[tuple[int, int, str, int], int] = {}
-    for s, row in enumerate(rows):
-        for r, device in enumerate(row):
-            previous = None
-            for action in orders[s]:
-                times = sg.forward_time if action.kind == FORWARD else sg.backward_time
-                tid = builder.compute(device, float(times[s, type_of[device]]),
-                                      deps=() if previous is None else (previous,),
-                                      name=f"s{s}r{r}{action.kind}{action.micro_batch}", label=repr(action), group=s)
-                task[s, r, action.kind, action.micro_batch] = tid
-                previous = tid
-            builder.tensor(device, ADAM_MEMORY_COPIES * float(sg.param_bytes[s]), persistent=True,
-                           name=f"s{s}r{r}.state")
-            for m in range(sg.micro_batches):
-                builder.tensor(device, float(sg.activation_bytes[s]), producer=task[s, r, FORWARD, m],
-                               consumers=(task[s, r, BACKWARD, m],), name=f"s{s}r{r}.act{m}")
-    _add_transfers(builder, sg, rows, task)
-    for s, row in enumerate(rows):
-        last = orders[s][-1]
-        finals = [task[s, r, last.kind, last.micro_batch] for r in range(len(row))]
-        sync = finals
-        if len(row) > 1 and sg.param_bytes[s] > 0:
-            duration = allreduce_time(cluster, row, float(sg.param_bytes[s]))
-            sync = [builder.collective(row, duration, op="allreduce", nbytes=float(sg.param_bytes[s]), deps=finals,
-                                       name=f"s{s}.allreduce", label=f"{s}AR", group=s)] * len(row)
-        for r, device in enumerate(row):
-            builder.compute(device, float(sg.optimizer_time[s, type_of[device]]), deps=(sync[r], finals[r]),
-                            name=f"s{s}r{r}.optimizer", label=f"{s}O", group=s)
-    return builder.build()
-
-
-def _add_transfers(builder: TaskGraphBuilder, sg: StageGraph, rows: list[list[int]],
-                   task: dict[tuple[int, int, str, int], int]) -> None:
-    for a, b, nbytes in zip(sg.edge_src.tolist(), sg.edge_dst.tolist(), sg.edge_bytes.tolist()):
-        r_a, r_b = len(rows[a]), len(rows[b])
-        for i in range(r_a):
-            for j in range(r_b):
-                overlap = _overlap(i, r_a, j, r_b)
-                if overlap <= 0:
-                    continue
-                share = nbytes * r_a * overlap
-                src, dst = rows[a][i], rows[b][j]
-                for m in range(sg.micro_batches):
-                    if share <= 0:
-                        builder.add_deps(task[b, j, FORWARD, m], (task[a, i, FORWARD, m],))
-                        builder.add_deps(task[a, i, BACKWARD, m], (task[b, j, BACKWARD, m],))
-                        continue
-                    fwd = builder.transfer(src, dst, share, deps=(task[a, i, FORWARD, m],),
-                                           name=f"s{a}r{i}>s{b}r{j}F{m}", label=f"{a}>{b}F{m}", group=a)
-                    builder.add_deps(task[b, j, FORWARD, m], (fwd,))
-                    builder.tensor(dst, share, producer=fwd,
-                                   consumers=(task[b, j, FORWARD, m], task[b, j, BACKWARD, m]),
-                                   name=f"s{a}r{i}>s{b}r{j}.act{m}")
-                    bwd = builder.transfer(dst, src, share, deps=(task[b, j, BACKWARD, m],),
-                                           name=f"s{b}r{j}>s{a}r{i}B{m}", label=f"{b}>{a}B{m}", group=b)
-                    builder.add_deps(task[a, i, BACKWARD, m], (bwd,))
-                    builder.tensor(src, share, producer=bwd, consumers=(task[a, i, BACKWARD, m],),
-                                   name=f"s{b}r{j}>s{a}r{i}.grad{m}")
+    return compile_pipeline(sg, cluster, mapping, orders=orders)
 
 
 def simulate_graph_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]],

@@ -26,6 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
+from tag._arrays import edge_arrays
 from tag.errors import TagError
 from tag.exact.schedules import BACKWARD, FORWARD, Action, format_grid, unit_time_schedule
 from tag.exact.stage_graph import PartitionError
@@ -86,16 +87,6 @@ def _topological(num_stages: int, edge_src: np.ndarray, edge_dst: np.ndarray) ->
     return order
 
 
-def _edges(num_stages: int, edge_src: Sequence[int], edge_dst: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
-    src = np.asarray(edge_src, dtype=np.int64).reshape(-1)
-    dst = np.asarray(edge_dst, dtype=np.int64).reshape(-1)
-    if src.shape != dst.shape:
-        raise ScheduleError(f"edge_src has {src.size} entries, edge_dst {dst.size}")
-    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_stages):
-        raise ScheduleError(f"a stage edge names a stage outside 0..{num_stages - 1}")
-    return src, dst
-
-
 def stage_inflight(num_stages: int, edge_src: Sequence[int], edge_dst: Sequence[int], *,
                    micro_batches: int | None = None, micro_batch_sizes: Sequence[int] | None = None,
                    ks: Sequence[int] | None = None) -> np.ndarray:
@@ -106,7 +97,7 @@ def stage_inflight(num_stages: int, edge_src: Sequence[int], edge_dst: Sequence[
     """
     if num_stages < 1:
         raise ScheduleError("the stage graph has no stages")
-    src, dst = _edges(num_stages, edge_src, edge_dst)
+    src, dst = edge_arrays(num_stages, edge_src, edge_dst, ScheduleError, "stage")
     b = np.ones(num_stages, dtype=np.int64) if micro_batch_sizes is None else np.asarray(micro_batch_sizes)
     k = np.ones(num_stages, dtype=np.int64) if ks is None else np.asarray(ks)
     if b.shape != (num_stages,) or k.shape != (num_stages,):
@@ -185,7 +176,7 @@ def unit_time_schedule_dag(orders: Sequence[Sequence[Action]], edge_src: Sequenc
     communication time: F(y, m) waits for F(x, m) of every edge x → y; B(x, m) waits for F(x, m) and
     B(y, m) of every edge x → y (:func:`tag.exact.schedules.unit_time_schedule` over the stage DAG).
     Raises ScheduleError when the orders deadlock."""
-    src, dst = _edges(len(orders), edge_src, edge_dst)
+    src, dst = edge_arrays(len(orders), edge_src, edge_dst, ScheduleError, "stage")
     try:
         return unit_time_schedule(orders, forward=forward, backward=backward, edges=(src.tolist(), dst.tolist()))
     except PartitionError as error:
@@ -195,5 +186,5 @@ def unit_time_schedule_dag(orders: Sequence[Sequence[Action]], edge_src: Sequenc
 def format_grid_dag(orders: Sequence[Sequence[Action]], edge_src: Sequence[int], edge_dst: Sequence[int], *,
                     forward: Sequence[float] | float = 1.0, backward: Sequence[float] | float = 1.0) -> str:
     """A text grid of :func:`unit_time_schedule_dag`, one row per stage, ``.`` where it idles."""
-    src, dst = _edges(len(orders), edge_src, edge_dst)
+    src, dst = edge_arrays(len(orders), edge_src, edge_dst, ScheduleError, "stage")
     return format_grid(orders, forward=forward, backward=backward, edges=(src.tolist(), dst.tolist()))

@@ -37,6 +37,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from tag._arrays import edge_arrays
 from tag.errors import TagError
 
 __all__ = [
@@ -195,12 +196,7 @@ def sp_decompose(num_nodes: int, edge_src: Sequence[int], edge_dst: Sequence[int
         raise SPError(f"fallback must be one of {', '.join(FALLBACKS)}, got {fallback!r}")
     if num_nodes < 1:
         raise SPError("the graph has no nodes")
-    src = np.asarray(edge_src, dtype=np.int64).reshape(-1)
-    dst = np.asarray(edge_dst, dtype=np.int64).reshape(-1)
-    if src.shape != dst.shape:
-        raise SPError(f"edge_src has {src.size} entries, edge_dst {dst.size}")
-    if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_nodes):
-        raise SPError(f"an edge names a node outside 0..{num_nodes - 1}")
+    src, dst = edge_arrays(num_nodes, edge_src, edge_dst, SPError)
     reach = reachability(num_nodes, src, dst)
     position = _topological_position(num_nodes, src, dst)
     comparable = reach | reach.T

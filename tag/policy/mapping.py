@@ -381,6 +381,7 @@ class MappingDecoder:
         for e, (a, b) in enumerate(zip(instance.edge_a.tolist(), instance.edge_b.tolist())):
             earlier[b].append((e, a))
         self._earlier = earlier  # per slot: (edge, earlier slot)
+        self._before: dict[tuple[int, ...], float] = {(): 0.0}  # decided prefix -> T after it
 
     def _step(self, k: int, devices: Sequence[int], before: float) -> tuple[np.ndarray, np.ndarray]:
         """(logits [D] unmasked, partial time [D]) of slot k with slots < k on ``devices``."""
@@ -397,11 +398,14 @@ class MappingDecoder:
         return logits, partial
 
     def _running_time(self, devices: Sequence[int]) -> float:
-        """T after the decided slots: the largest time at placement among them."""
-        before = 0.0
-        for k in range(len(devices)):
-            _, partial = self._step(k, devices, before)
-            before = max(before, float(partial[devices[k]]))
+        """T after the decided slots: the largest time at placement among them. Memoised per prefix: a
+        search asks for a state's priors and then its fill, and each state extends its parent by one."""
+        key = tuple(devices)
+        before = self._before.get(key)
+        if before is None:
+            before = self._running_time(key[:-1])
+            _, partial = self._step(len(key) - 1, key, before)
+            before = self._before[key] = max(before, float(partial[key[-1]]))
         return before
 
     def logits(self, devices: Sequence[int]) -> np.ndarray:
