@@ -308,7 +308,7 @@ def _simulate_pipeline_plan(args: argparse.Namespace, graph, cluster) -> dict:
     record = load_pipeline_plan(args.strategy, graph=graph, cluster=cluster)
     plan = replay_pipeline(graph, cluster, forward_assignment=record.forward_assignment, replicas=record.replicas,
                            micro_batches=record.micro_batches, mapping=record.mapping, schedule=record.schedule,
-                           reference_gpu=record.reference_gpu, partitioner=record.partitioner)
+                           reference_gpu=record.reference_gpu, partitioner=record.partitioner, links=record.links)
     label = f"pipeline plan {args.strategy}"
     payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "what": label,
                "kind": "pipeline", "stages": plan.num_stages, "replicas": list(record.replicas),
@@ -549,9 +549,9 @@ def cmd_pipeline(args: argparse.Namespace) -> dict:
     from tag.exact import make_mapper, mapped_stage_times, plan_pipeline
     from tag.graph.resolve import resolve_model
 
-    if args.partitioner == "graphpipe" and (args.out or args.stages or args.replicas):
-        raise OutputError("--partitioner graphpipe chooses its own stages and replicas and writes no plan file: "
-                          "leave out --stages, --replicas and --out")
+    if args.partitioner == "graphpipe" and (args.out or args.stages or args.replicas or args.links != "data"):
+        raise OutputError("--partitioner graphpipe chooses its own stages, replicas and stage edges and writes no "
+                          "plan file: leave out --stages, --replicas, --links and --out")
     if args.out:
         _output_path(args.out, flag="--out", suffixes=(".json",), what="plan file")
     _check_view_paths(args)
@@ -563,7 +563,7 @@ def cmd_pipeline(args: argparse.Namespace) -> dict:
     with _status(sys.stderr.isatty() and not args.json, f"planning a pipeline of {graph.meta.get('model', args.model)}"):
         plan = plan_pipeline(graph, cluster, stages=args.stages, replicas=args.replicas, auto=args.auto,
                              partitioner=args.partitioner, mapper=mapper, micro_batches=args.micro_batches,
-                             schedule=args.schedule, seed=args.seed)
+                             schedule=args.schedule, seed=args.seed, links=args.links)
     sg = plan.stage_graph
     per_stage, _ = mapped_stage_times(sg, cluster, plan.mapping, plan.instantiation)
     ops = np.bincount(sg.assignment if sg.assignment.size else sg.forward_assignment, minlength=sg.num_stages)
@@ -639,7 +639,8 @@ def _save_pipeline_plan(args: argparse.Namespace, plan, graph, cluster, payload:
     record = make_pipeline_plan(graph, cluster, partitioner=plan.partitioner, schedule=plan.schedule,
                                 micro_batches=sg.micro_batches, replicas=sg.replicas.tolist(),
                                 reference_gpu=sg.gpu_types[sg.reference_type].name,
-                                forward_assignment=sg.forward_assignment, mapping=plan.mapping, summary=summary)
+                                forward_assignment=sg.forward_assignment, mapping=plan.mapping, summary=summary,
+                                links=sg.info.get("links", "data"))
     try:
         save_pipeline_plan(record, args.out)
     except OSError as error:
@@ -835,6 +836,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=_positive_seconds, default=60.0, metavar="S",
                    help="seconds for the exact mapper (default 60)")
     p.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b", help="micro-batch order (default 1f1b)")
+    p.add_argument("--links", choices=("data", "chain"), default="data",
+                   help="stage edges: data (activations sent directly, the default) or chain (a sequential "
+                        "runtime: stage s sends to s+1 only, passing the rest through)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random mappings")
     p.add_argument("--out", metavar="PLAN.json", help="write the pipeline plan (for `tag simulate --strategy`)")
     _add_views(p)

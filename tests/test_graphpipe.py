@@ -293,21 +293,25 @@ def test_iteration_estimate_puts_each_step_after_its_last_backward_pass():
 
 @pytest.mark.parametrize("seed", range(4))
 def test_the_sequential_chains_are_simulated_so_the_graph_plan_never_loses(seed):
-    """By construction: the PipeDream-style and Parmesan chains are candidates scored by the same
-    simulator, so the plan is never slower than either, nor than the graph-only search."""
+    """By construction: the PipeDream-style and Parmesan sequential pipelines (run as chains) and their
+    stages run as graphs are candidates scored by the same simulator, so the plan is never slower than
+    either, nor than the graph-only search."""
     rng = np.random.default_rng(400 + seed)
     graph = _random_fork_join(rng)
     cluster = _cluster(int(rng.integers(2, 5)))
     plan = plan_graph_pipeline(graph, cluster)
     graph_only = plan_graph_pipeline(graph, cluster, sequential=())
-    chains = {name: plan_pipeline(graph, cluster, partitioner=name, auto=True) for name in ("pipedream", "parmesan")}
+    chains = {name: plan_pipeline(graph, cluster, partitioner=name, auto=True, links="chain")
+              for name in ("pipedream", "parmesan")}
     assert plan.iteration_time <= min(graph_only.iteration_time,
                                       *(c.iteration_time for c in chains.values())) * (1 + 1e-9)
-    assert plan.info["chosen"] in ("graphpipe", *chains)
+    assert plan.info["chosen"] in ("graphpipe", *chains, *(f"{name}-graph" for name in chains))
     for name, chain in chains.items():
         simulated = [row for row in plan.info["search"] if row["method"] == name]
         assert len(simulated) == 1
         assert simulated[0]["iteration_time_s"] == pytest.approx(chain.iteration_time, rel=1e-9)
+        as_graph = [row for row in plan.info["search"] if row["method"] == f"{name}-graph"]
+        assert len(as_graph) == 1 and as_graph[0]["stages"] == chain.num_stages
     assert {row["method"] for row in graph_only.info["search"]} == {"graphpipe"}
 
 

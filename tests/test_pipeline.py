@@ -18,7 +18,7 @@ from tag.exact.pipeline import (
     simulate_pipeline,
 )
 from tag.exact.schedules import Action, format_grid, stage_order, stage_orders, unit_time_schedule
-from tag.exact.stage_graph import PartitionError, StageGraph, inflight_micro_batches
+from tag.exact.stage_graph import ForwardGraph, PartitionError, StageGraph, build_stage_graph, inflight_micro_batches
 from tag.graph.pipedream import load_pipedream
 from tag.sim import TASK_COLLECTIVE, TASK_TRANSFER, device_schedule, simulate, simulate_fast
 
@@ -149,6 +149,49 @@ def test_replicas_all_reduce_and_split_transfers():
     assert sum(taskgraph.nbytes[t] for t in forward) == pytest.approx(2 * 1e6)  # both halves reach stage 1
     no_sync = simulate_pipeline(hand_stage_graph(2, 2, edge_bytes=1e6, replicas=[2, 1]), cluster, [[0, 1], [2]])[1]
     assert result.iteration_time > no_sync.iteration_time
+
+
+def _skip_graph():
+    """0 -> 1 -> 3 and 0 -> 2 -> 3 (a diamond) plus a skip 0 -> 3, one op per stage; edge bytes by hand."""
+    from conftest import make_graph
+
+    edges = [(0, 1), (0, 2), (1, 3), (2, 3), (0, 3)]
+    graph = make_graph(edges, n=4, flops=[1e12] * 4, edge_bytes=[10.0, 20.0, 30.0, 40.0, 50.0])
+    return ForwardGraph.from_graph(graph, [gpu_type("v100-16gb")])
+
+
+def test_chain_links_carry_every_activation_across_each_cut():
+    """Stages 0..3 one op each. Cut 0|123: producer 0's tensor once, its largest edge 50. Cut 01|23:
+    0's tensor (max of 20, 50) and 1's 30. Cut 012|3: 0's 50, 1's 30, 2's 40."""
+    fg = _skip_graph()
+    data = build_stage_graph(fg, [0, 1, 2, 3], micro_batches=1)
+    assert sorted(zip(data.edge_src.tolist(), data.edge_dst.tolist(), data.edge_bytes.tolist())) == \
+        [(0, 1, 10.0), (0, 2, 20.0), (0, 3, 50.0), (1, 3, 30.0), (2, 3, 40.0)]
+    chain = build_stage_graph(fg, [0, 1, 2, 3], micro_batches=1, links="chain")
+    assert chain.edge_src.tolist() == [0, 1, 2] and chain.edge_dst.tolist() == [1, 2, 3]
+    assert chain.edge_bytes.tolist() == [50.0, 80.0, 120.0]
+    assert chain.input_bytes.tolist() == [0.0, 50.0, 80.0, 120.0]
+    assert chain.info["links"] == "chain" and data.info["links"] == "data"
+    # two micro-batches: every activation here scales with the batch, so each cut carries half
+    assert build_stage_graph(fg, [0, 1, 2, 3], micro_batches=2, links="chain").edge_bytes.tolist() == [25.0, 40.0, 60.0]
+    # stages 0 and 1 merged: one cut, every tensor leaving {0, 1} once (0's 50, 1's 30)
+    assert build_stage_graph(fg, [0, 0, 1, 1], micro_batches=1, links="chain").edge_bytes.tolist() == [80.0]
+    with pytest.raises(PartitionError, match="links must be one of"):
+        build_stage_graph(fg, [0, 1, 2, 3], links="ring")
+
+
+def test_a_chain_runs_independent_stages_in_sequence():
+    """The two branch stages 1 and 2 of the diamond run side by side with data links; on a chain stage 2
+    waits for stage 1, so one micro-batch takes longer."""
+    fg = _skip_graph()
+    cluster = flat_cluster(4, bandwidth=1e12)
+    mapping = [[0], [1], [2], [3]]
+    data = simulate_pipeline(build_stage_graph(fg, [0, 1, 2, 3]), cluster, mapping)[1]
+    chain = simulate_pipeline(build_stage_graph(fg, [0, 1, 2, 3], links="chain"), cluster, mapping)[1]
+    passes = build_stage_graph(fg, [0, 1, 2, 3]).stage_time  # [4] fwd + bwd of each stage
+    assert data.iteration_time < chain.iteration_time
+    assert chain.iteration_time >= passes.sum()  # every pass of the micro-batch in turn
+    assert data.iteration_time < passes.sum() - 0.9 * min(passes[1], passes[2])
 
 
 @needs_profiles

@@ -81,6 +81,26 @@ def test_simulate_replays_a_pipeline_plan(capsys, planned):
     assert replay["mapping"] == doc["pipeline"]["mapping"]
 
 
+def test_a_chain_plan_file_replays_on_its_chain(capsys, tmp_path):
+    """`--links chain`: the plan file records the stage edges and `tag simulate` rebuilds the same chain."""
+    out = tmp_path / "chain.json"
+    argv = ("pipeline", "candle-uno", "--tiny", "--cluster", "two-level", "--stages", "4", "--replicas", "1",
+            "--micro-batches", "4", "--mapper", "cs")
+    chain = run_json(capsys, *argv, "--links", "chain", "--out", str(out))
+    data = run_json(capsys, *argv)
+    assert chain["links"] == "chain" and data["links"] == "data"
+    assert len(chain["edge_bytes"]) == 3  # one edge per cut of the chain
+    doc = json.loads(out.read_text())
+    assert doc["pipeline"]["links"] == "chain"
+    replay = run_json(capsys, "simulate", "candle-uno", "--tiny", "--cluster", "two-level", "--strategy", str(out))
+    assert replay["iteration_time_s"] == pytest.approx(chain["iteration_time_s"], rel=1e-12)
+    doc["pipeline"]["links"] = "ring"
+    with pytest.raises(PlanError, match="pipeline.links must be one of data, chain"):
+        pipeline_plan_from_json(doc)
+    del doc["pipeline"]["links"]  # files written before the field read as direct links
+    assert pipeline_plan_from_json(doc).links == "data"
+
+
 def test_plan_for_another_model_or_cluster_is_one_clear_error(capsys, planned):
     code, out, err = run(capsys, "simulate", VGG, "--cluster", "two-level", "--strategy", str(planned))
     assert code == 2 and "made for model 'gnmt'" in err and "Traceback" not in err

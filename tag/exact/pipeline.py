@@ -51,6 +51,7 @@ from tag.exact.rannc import RannCSolution, blocks_from_groups, form_stage, rannc
 from tag.exact.schedules import BACKWARD, FORWARD, Action, stage_orders
 from tag.exact.stage_graph import (
     ADAM_MEMORY_COPIES,
+    LINKS,
     SCHEDULES,
     ForwardGraph,
     PartitionError,
@@ -291,6 +292,7 @@ class PipelinePlan:
             "solve_time_s": float(self.solve_time_s),
             "stage_ops": np.bincount(sg.forward_assignment, minlength=sg.num_stages).tolist(),
             "edge_bytes": sg.edge_bytes.tolist(),
+            "links": sg.info.get("links", "data"),
             **{k: v for k, v in self.info.items() if isinstance(v, (int, float, str, bool)) or v is None},
         }
 
@@ -312,6 +314,7 @@ class _Context:
     schedule: str
     num_hyper_ops: int | None
     downset_limit: int
+    links: str = "data"  # StageGraph stage edges (tag.exact.stage_graph, Links)
     log: list[dict[str, Any]] = field(default_factory=list)  # one entry per simulated candidate
     failures: list[str] = field(default_factory=list)  # why candidates could not be partitioned
 
@@ -345,7 +348,7 @@ def _reference_type(fg: ForwardGraph, cluster: Cluster, devices: Sequence[int]) 
 def _evaluate(ctx: _Context, forward_stage: np.ndarray, replicas, micro_batches: int, info: dict[str, Any],
               mapping: list[list[int]] | None = None) -> _Candidate:
     sg = build_stage_graph(ctx.fg, forward_stage, replicas=replicas, micro_batches=micro_batches,
-                           reference_type=ctx.reference_type, info=info)
+                           reference_type=ctx.reference_type, links=ctx.links, info=info)
     mapping = mapping if mapping is not None else consecutive_mapping(sg, sg.replicas, ctx.cluster, ctx.devices).mapping
     taskgraph, result = simulate_pipeline(sg, ctx.cluster, mapping, schedule=ctx.schedule)
     ctx.log.append({"stages": sg.num_stages, "replicas": sg.replicas.tolist(), "micro_batches": micro_batches,
@@ -542,7 +545,8 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, *, stages: int | None = None
                   micro_batches: int | None = None, schedule: str = "1f1b", seed: int = 0,
                   cost: CostModel | None = None, devices: Sequence[int] | None = None,
                   num_hyper_ops: int | None = None, alphas: Sequence[float] | None = None,
-                  bandwidth: float | None = None, downset_limit: int = DEFAULT_DOWNSET_LIMIT) -> PipelinePlan:
+                  bandwidth: float | None = None, downset_limit: int = DEFAULT_DOWNSET_LIMIT,
+                  links: str = "data") -> PipelinePlan:
     """Partition ``graph``, map the stages onto ``cluster`` and simulate one iteration.
 
     ``stages`` / ``replicas`` fix S and R (the other defaults to filling the devices); with neither, or
@@ -551,6 +555,8 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, *, stages: int | None = None
     chosen stage graph (default consecutive); ``seed`` is passed to a mapper that takes one.
     ``devices`` restricts the plan to some devices; ``bandwidth`` overrides the median link bandwidth the
     partitioners price boundary tensors at; ``alphas`` are Parmesan's clustering weights to try.
+    ``links``: the stage edges the plan runs with, ``"data"`` (direct, Parmesan) or ``"chain"`` (a
+    sequential pipeline's runtime, PipeDream; :mod:`tag.exact.stage_graph`, Links).
     """
     if partitioner not in PARTITIONERS:
         raise PartitionError(f"partitioner must be one of {', '.join(PARTITIONERS)}, got {partitioner!r}")
@@ -568,12 +574,14 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, *, stages: int | None = None
         raise PartitionError(f"alphas must be a non-empty list of non-negative numbers, got {alphas!r}")
     if bandwidth is not None and not bandwidth > 0:
         raise PartitionError(f"bandwidth must be positive, got {bandwidth!r}")
+    if links not in LINKS:
+        raise PartitionError(f"links must be one of {', '.join(LINKS)}, got {links!r}")
     start = time.perf_counter()
     fg = ForwardGraph.from_graph(graph, cluster.types, cost=cost)
     ctx = _Context(fg, cluster, device_list, _reference_type(fg, cluster, device_list),
                    float(cluster.memory_bytes()[device_list].min()),
                    bandwidth if bandwidth is not None else reference_bandwidth(cluster, device_list),
-                   schedule, num_hyper_ops, downset_limit)
+                   schedule, num_hyper_ops, downset_limit, links)
     if partitioner == "rannc":
         best = _search_rannc(ctx, stages, replicas, auto, micro_batches)
     else:
@@ -634,7 +642,7 @@ def mapping_objective(stage_graph: StageGraph, cluster: Cluster,
 def replay_pipeline(graph: OpGraph, cluster: Cluster, *, forward_assignment: Sequence[int] | np.ndarray,
                     replicas: Sequence[int], micro_batches: int, mapping: Sequence[Sequence[int]],
                     schedule: str = "1f1b", reference_gpu: str | None = None, partitioner: str = "replay",
-                    cost: CostModel | None = None) -> PipelinePlan:
+                    cost: CostModel | None = None, links: str = "data") -> PipelinePlan:
     """Rebuild and simulate a stored pipeline plan: the stage of every forward op of ``graph``'s forward
     view, the replica counts, M and the mapping (a plan file's ``pipeline`` section)."""
     if schedule not in SCHEDULES:
@@ -646,7 +654,7 @@ def replay_pipeline(graph: OpGraph, cluster: Cluster, *, forward_assignment: Seq
     names = [t.name for t in fg.gpu_types]
     reference = names.index(reference_gpu) if reference_gpu in names else 0
     sg = build_stage_graph(fg, forward_stage, replicas=list(replicas), micro_batches=micro_batches,
-                           reference_type=reference)
+                           reference_type=reference, links=links)
     rows = _check_mapping(sg, cluster, mapping)
     taskgraph, result = simulate_pipeline(sg, cluster, rows, schedule=schedule)
     objective, mode = mapping_objective(sg, cluster, rows)

@@ -34,6 +34,14 @@ sends per micro-batch in the forward pass (the gradient of the same size returns
 ``param_bytes [S]`` one copy of the stage's parameters; ``memory_bytes [S]`` per device of the stage
 under 1F1B (parameters × 4 for fp32 Adam: weights, gradients, two moments; plus the activations of the
 micro-batches in flight, min(S − s, M) at stage s); ``assignment [N]`` the stage of every op.
+
+**Links** (:data:`LINKS`). ``"data"``: a stage edge a → b for every pair of stages an activation
+passes between, sent directly (Parmesan's stage graph, skip connections included). ``"chain"``: a
+sequential pipeline's runtime (PipeDream; GraphPipe's SPP): stage s sends only to s + 1, which waits
+for it, so the edges are s → s + 1 and each carries every activation crossing the cut after stage s,
+passed through the stages in between — a tensor crosses a cut once, however many later stages read
+it (its largest edge from the producer counts). The chain executes the stages in sequence even where
+the data would allow branches to run side by side (GraphPipe §2).
 """
 
 from __future__ import annotations
@@ -64,11 +72,14 @@ __all__ = [
     "inflight_micro_batches",
     "ADAM_MEMORY_COPIES",
     "SCHEDULES",
+    "LINKS",
 ]
 
 # fp32 Adam keeps the weights, their gradients and two moments: four copies of the parameters.
 ADAM_MEMORY_COPIES = 4
 SCHEDULES = ("1f1b", "gpipe")
+# stage edges of a StageGraph (module docstring, Links): direct data edges, or a sequential chain
+LINKS = ("data", "chain")
 _STATEFUL_KINDS = frozenset({"parameter", "optimizer_state"})
 _NONE = -1
 
@@ -415,10 +426,35 @@ def _replica_counts(replicas: int | Sequence[int], num_stages: int) -> np.ndarra
     return counts
 
 
+def _chain_links(fg: ForwardGraph, forward_stage: np.ndarray, fraction: np.ndarray,
+                 num_stages: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(edge_src [S-1], edge_dst [S-1], edge_bytes [S-1], input_bytes [S]) of the chain s → s + 1
+    (module docstring, Links): per cut, every producer's tensor read after the cut, once."""
+    first, last = forward_stage[fg.edge_src], forward_stage[fg.edge_dst]  # [E]
+    cross = first < last
+    first, last, producer = first[cross], last[cross], fg.edge_src[cross]
+    fixed, scaled = fg.edge_fixed[cross], fg.edge_scaled[cross]
+    span = last - first  # the edge crosses the cuts first .. last - 1
+    edge = np.repeat(np.arange(span.size), span)  # [P] one entry per (edge, cut crossed)
+    cut = first[edge] + np.arange(edge.size) - np.repeat(np.cumsum(span) - span, span)
+    size = fixed[edge] + scaled[edge]
+    key = producer[edge] * num_stages + cut
+    order = np.lexsort((size, key))  # by key, largest size last
+    keep = order[np.r_[key[order][1:] != key[order][:-1], True]] if order.size else order
+    edge, cut = edge[keep], cut[keep]
+    sent = np.bincount(cut, weights=fixed[edge] + fraction[cut] * scaled[edge], minlength=num_stages - 1)
+    received = np.bincount(cut, weights=fixed[edge] + fraction[cut + 1] * scaled[edge], minlength=num_stages - 1)
+    chain = np.arange(num_stages - 1, dtype=np.int64)
+    return chain, chain + 1, sent[:num_stages - 1], np.r_[0.0, received[:num_stages - 1]]
+
+
 def build_stage_graph(fg: ForwardGraph, forward_stage: Sequence[int] | np.ndarray, *,
                       replicas: int | Sequence[int] = 1, micro_batches: int = 1, reference_type: int = 0,
-                      info: dict[str, Any] | None = None) -> StageGraph:
-    """The StageGraph of a stage per forward node (ids 0..S-1, each used, edges never going back)."""
+                      links: str = "data", info: dict[str, Any] | None = None) -> StageGraph:
+    """The StageGraph of a stage per forward node (ids 0..S-1, each used, edges never going back);
+    ``links``: the stage edges, ``"data"`` or ``"chain"`` (module docstring)."""
+    if links not in LINKS:
+        raise PartitionError(f"links must be one of {', '.join(LINKS)}, got {links!r}")
     forward_stage = np.asarray(forward_stage, dtype=np.int64).reshape(-1)
     if forward_stage.shape != (fg.num_nodes,):
         raise PartitionError(f"forward_stage has {forward_stage.size} entries for {fg.num_nodes} forward ops")
@@ -443,24 +479,28 @@ def build_stage_graph(fg: ForwardGraph, forward_stage: Sequence[int] | np.ndarra
     bwd = np.stack([per_stage(fg.bwd_fixed[:, t] + node_fraction * fg.bwd_scaled[:, t]) for t in range(num_types)], 1)
     opt = np.stack([per_stage(fg.optimizer_time[:, t]) for t in range(num_types)], axis=1)
     activation = per_stage(fg.act_fixed + node_fraction * fg.act_scaled)
-    s_src, s_dst = forward_stage[fg.edge_src], forward_stage[fg.edge_dst]
-    cross = s_src != s_dst
-    pair = s_src[cross] * num_stages + s_dst[cross]
-    pairs, inverse = np.unique(pair, return_inverse=True)
-    sent = fg.edge_fixed[cross] + fraction[s_src[cross]] * fg.edge_scaled[cross]
-    received = fg.edge_fixed[cross] + fraction[s_dst[cross]] * fg.edge_scaled[cross]
-    edge_bytes = np.bincount(inverse, weights=sent, minlength=pairs.size)
-    input_bytes = np.bincount(s_dst[cross], weights=received, minlength=num_stages)
+    if links == "chain":
+        edge_src, edge_dst, edge_bytes, input_bytes = _chain_links(fg, forward_stage, fraction, num_stages)
+    else:
+        s_src, s_dst = forward_stage[fg.edge_src], forward_stage[fg.edge_dst]
+        cross = s_src != s_dst
+        pair = s_src[cross] * num_stages + s_dst[cross]
+        pairs, inverse = np.unique(pair, return_inverse=True)
+        sent = fg.edge_fixed[cross] + fraction[s_src[cross]] * fg.edge_scaled[cross]
+        received = fg.edge_fixed[cross] + fraction[s_dst[cross]] * fg.edge_scaled[cross]
+        edge_bytes = np.bincount(inverse, weights=sent, minlength=pairs.size)
+        input_bytes = np.bincount(s_dst[cross], weights=received, minlength=num_stages)
+        edge_src, edge_dst = pairs // num_stages, pairs % num_stages
     param_bytes = per_stage(fg.param_bytes)
     inflight = inflight_micro_batches(num_stages, micro_batches, "1f1b")
     return StageGraph(
         stage_time=fwd[:, reference_type] + bwd[:, reference_type],
-        edge_src=pairs // num_stages, edge_dst=pairs % num_stages, edge_bytes=edge_bytes,
+        edge_src=edge_src, edge_dst=edge_dst, edge_bytes=edge_bytes,
         param_bytes=param_bytes,
         memory_bytes=ADAM_MEMORY_COPIES * param_bytes + inflight * (activation + input_bytes),
         assignment=forward_stage[fg.owner], replicas=counts, micro_batches=int(micro_batches),
         gpu_types=fg.gpu_types, reference_type=int(reference_type), forward_time=fwd, backward_time=bwd,
         optimizer_time=opt, activation_bytes=activation, input_bytes=input_bytes,
-        forward_assignment=forward_stage.copy(), info=dict(info or {}),
+        forward_assignment=forward_stage.copy(), info={**(info or {}), "links": links},
     )
 

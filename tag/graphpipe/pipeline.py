@@ -24,7 +24,9 @@ same "score candidates by simulation" rule as :func:`tag.exact.plan_pipeline`. A
 series-parallel graph, so the sequential pipelines of :data:`SEQUENTIAL` (PipeDream-style and Parmesan
 DPs, through :func:`tag.exact.plan_pipeline`) are graph pipelines too: they are simulated in the same
 pass, with this module's orders, so the plan returned is never slower in simulation than they are
-(``info["chosen"]`` says which partitioner's plan won).
+(``info["chosen"]`` says which partitioner's plan won). Each runs twice: as the sequential pipeline it
+is (stage edges s → s + 1, ``links="chain"``, the runtime GraphPipe compares against), and as the graph
+pipeline of its stages (their data edges; chosen ``"<partitioner>-graph"``).
 """
 
 from __future__ import annotations
@@ -82,10 +84,11 @@ def simulate_graph_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: 
 
 
 def graph_stage_graph(fg: ForwardGraph, partition: GraphPartition, *, reference_type: int = 0) -> StageGraph:
-    """The StageGraph of a graph partition, its ``memory_bytes`` from the DAG's in-flight counts."""
+    """The StageGraph of a graph partition (its data edges, or a chain where ``partition.info["links"]``
+    says so), its ``memory_bytes`` from the stage DAG's in-flight counts."""
     sg = build_stage_graph(fg, partition.forward_stage, replicas=partition.replicas,
                            micro_batches=partition.micro_batches, reference_type=reference_type,
-                           info=dict(partition.info))
+                           links=partition.info.get("links", "data"), info=dict(partition.info))
     inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=sg.micro_batches)
     sg.memory_bytes = ADAM_MEMORY_COPIES * sg.param_bytes + inflight * (sg.activation_bytes + sg.input_bytes)
     return sg
@@ -188,33 +191,38 @@ def _iteration_estimate(partition: GraphPartition, backward_share: float) -> flo
     return (m + depth - 1) * slowest + float(np.max(partition.once_time - drain))
 
 
-def _sequential_candidate(graph: OpGraph, cluster: Cluster, devices: list[int], partitioner: str, *,
-                          micro_batches: int | None, bandwidth: float, cost: CostModel | None,
-                          max_replicas: int | None) -> tuple[GraphPartition, list[list[int]]] | None:
+def _sequential_candidates(graph: OpGraph, fg: ForwardGraph, cluster: Cluster, devices: list[int], partitioner: str, *,
+                           micro_batches: int | None, bandwidth: float, cost: CostModel | None,
+                           max_replicas: int | None) -> list[tuple[GraphPartition, list[list[int]]]]:
     """The sequential pipeline of :func:`tag.exact.plan_pipeline` with ``partitioner`` (its (S, R, M)
-    search) as a graph partition and its mapping; None when it finds nothing. Its stages form a chain
-    (a series-parallel graph), so it is a graph pipeline too; the planner re-simulates it with its own
-    orders, so both kinds are scored by one simulator; its in-flight counts are those of a chain (1F1B),
-    even where the stage DAG has stages with no path between them, so the re-simulation matches
-    :func:`tag.exact.simulate_pipeline`. None too when its replicas exceed ``max_replicas``."""
+    search, run on a chain of stages: ``links="chain"``) as graph partitions with its mapping, twice:
+    as the chain itself (edges s → s + 1, 1F1B in-flight counts: the sequential pipeline as such, so
+    its re-simulation here matches :func:`tag.exact.simulate_pipeline`'s), and as the graph pipeline of
+    the same stages (their data edges, the stage DAG's in-flight counts); none when it finds nothing or
+    its replicas exceed ``max_replicas``."""
     try:
         plan = plan_pipeline(graph, cluster, partitioner=partitioner, auto=True, devices=devices,
-                             micro_batches=micro_batches, bandwidth=bandwidth, cost=cost)
+                             micro_batches=micro_batches, bandwidth=bandwidth, cost=cost, links="chain")
     except PartitionError as error:
         log.info("no %s candidate: %s", partitioner, error)
-        return None
+        return []
     sg = plan.stage_graph
     if max_replicas is not None and int(sg.replicas.max()) > max_replicas:
-        return None
+        return []
     t = sg.reference_type
-    chain = np.arange(sg.num_stages)
-    inflight = stage_inflight(sg.num_stages, chain[:-1], chain[1:], micro_batches=sg.micro_batches)
     once = sg.optimizer_time[:, t] + np.array([allreduce_time(cluster, row, float(sg.param_bytes[s]))
                                                if len(row) > 1 else 0.0 for s, row in enumerate(plan.mapping)])
-    part = GraphPartition(sg.forward_assignment.copy(), sg.replicas.copy(), sg.edge_src.copy(), sg.edge_dst.copy(),
-                          inflight, sg.stage_time + once / sg.micro_batches, once, sg.micro_batches,
-                          float(sg.stage_time.max()), list(range(sg.num_stages)), {"method": partitioner})
-    return part, plan.mapping
+    data = build_stage_graph(fg, sg.forward_assignment, replicas=sg.replicas, micro_batches=sg.micro_batches,
+                             reference_type=t)
+    out = []
+    for links, edges in (("chain", sg), ("data", data)):
+        inflight = stage_inflight(sg.num_stages, edges.edge_src, edges.edge_dst, micro_batches=sg.micro_batches)
+        out.append((GraphPartition(sg.forward_assignment.copy(), sg.replicas.copy(), edges.edge_src.copy(),
+                                   edges.edge_dst.copy(), inflight, sg.stage_time + once / sg.micro_batches, once,
+                                   sg.micro_batches, float(sg.stage_time.max()), list(range(sg.num_stages)),
+                                   {"method": partitioner if links == "chain" else f"{partitioner}-graph",
+                                    "links": links}), plan.mapping))
+    return out
 
 
 def _mapping(partition: GraphPartition, devices: list[int]) -> list[list[int]]:
@@ -288,10 +296,10 @@ def plan_graph_pipeline(graph: OpGraph, cluster: Cluster, *, num_devices: int | 
                   stage_inflight(part.num_stages, part.edge_src, part.edge_dst, micro_batches=part.micro_batches))
                  for estimate, part in sorted(candidates.values(), key=lambda c: c[0]) if estimate <= cutoff]
     for partitioner in sequential:
-        chain = _sequential_candidate(graph, cluster, device_list, partitioner, micro_batches=micro_batches,
-                                      bandwidth=price, cost=cost, max_replicas=max_replicas)
-        if chain is not None:
-            shortlist.append((_iteration_estimate(chain[0], backward_share), *chain, chain[0].inflight))
+        for part, mapping in _sequential_candidates(graph, fg, cluster, device_list, partitioner, cost=cost,
+                                                    micro_batches=micro_batches, bandwidth=price,
+                                                    max_replicas=max_replicas):
+            shortlist.append((_iteration_estimate(part, backward_share), part, mapping, part.inflight))
     best: GraphPipelinePlan | None = None
     search: list[dict[str, Any]] = []
     for estimate, part, mapping, inflight in shortlist:

@@ -7,7 +7,8 @@ Layout (the plan-file header of :mod:`tag.strategy.plan`, kind ``"pipeline"``)::
      "cluster": {"name": "two-level", "fingerprint": "<sha256 hex>", "num_devices": 16},
      "pipeline": {"partitioner": "parmesan", "schedule": "1f1b", "micro_batches": 8,
                   "replicas": [2, 2, 2, 2], "reference_gpu": "titan-v",
-                  "forward_assignment": [0, 0, 1, ...], "mapping": [[0, 1], [2, 3], ...]},
+                  "forward_assignment": [0, 0, 1, ...], "mapping": [[0, 1], [2, 3], ...],
+                  "links": "data"},
      "summary": {...}}
 
 - ``forward_assignment`` [F]: the stage of every forward op of the model's forward view
@@ -15,6 +16,8 @@ Layout (the plan-file header of :mod:`tag.strategy.plan`, kind ``"pipeline"``)::
   and the model rebuild the whole StageGraph.
 - ``replicas`` [S] and ``mapping`` [S][R_s]: device ids of each stage's replicas (row s is its ring).
 - ``reference_gpu``: the GPU type the stage times of the summary were taken on.
+- ``links``: ``"data"`` (stages send activations directly) or ``"chain"`` (a sequential runtime:
+  stage s sends to s + 1 only); :mod:`tag.exact.stage_graph`, Links. Absent means ``"data"``.
 
 Fingerprints are identity, as for strategy plans: a plan for another model or cluster is a
 :class:`PlanMismatchError`; any other problem a :class:`PlanError` naming the field. Written atomically.
@@ -33,6 +36,7 @@ import numpy as np
 from tag._atomic import atomic_write_text
 from tag._schema import check_header
 from tag.cluster import Cluster
+from tag.exact.stage_graph import LINKS
 from tag.graph import OpGraph
 from tag.strategy.errors import PlanError
 from tag.strategy.fingerprint import graph_fingerprint
@@ -70,6 +74,7 @@ class PipelinePlanFile:
     forward_assignment: np.ndarray  # [F] int64 stage of each forward op
     mapping: tuple[tuple[int, ...], ...]  # [S][R_s] device ids
     summary: dict[str, Any] = field(default_factory=dict)
+    links: str = "data"  # stage edges: "data" or "chain"
 
     def __post_init__(self) -> None:
         assignment = np.asarray(self.forward_assignment, dtype=np.int64).reshape(-1)
@@ -78,6 +83,8 @@ class PipelinePlanFile:
         object.__setattr__(self, "replicas", tuple(int(r) for r in self.replicas))
         object.__setattr__(self, "mapping", tuple(tuple(int(d) for d in row) for row in self.mapping))
         _check_layout(self.num_devices, self.micro_batches, self.replicas, self.mapping, assignment)
+        if self.links not in LINKS:
+            raise PlanError(f"pipeline plan: pipeline.links must be one of {', '.join(LINKS)}, got {self.links!r}")
 
     @property
     def num_stages(self) -> int:
@@ -123,7 +130,7 @@ def _check_layout(num_devices: int, micro_batches: int, replicas: Sequence[int],
 def make_pipeline_plan(graph: OpGraph, cluster: Cluster, *, partitioner: str, schedule: str, micro_batches: int,
                        replicas: Sequence[int], reference_gpu: str, forward_assignment: Sequence[int] | np.ndarray,
                        mapping: Sequence[Sequence[int]], summary: dict[str, Any] | None = None,
-                       model_name: str | None = None) -> PipelinePlanFile:
+                       model_name: str | None = None, links: str = "data") -> PipelinePlanFile:
     """A pipeline plan for ``graph`` (the op-level graph that was partitioned) on ``cluster``."""
     return PipelinePlanFile(
         model_name=model_name or str(graph.meta.get("model", "model")),
@@ -139,6 +146,7 @@ def make_pipeline_plan(graph: OpGraph, cluster: Cluster, *, partitioner: str, sc
         forward_assignment=np.asarray(forward_assignment, dtype=np.int64),
         mapping=tuple(tuple(int(d) for d in row) for row in mapping),
         summary=dict(summary or {}),
+        links=links,
     )
 
 
@@ -167,6 +175,7 @@ def pipeline_plan_to_json(plan: PipelinePlanFile) -> dict[str, Any]:
             "reference_gpu": plan.reference_gpu,
             "forward_assignment": plan.forward_assignment.tolist(),
             "mapping": [list(row) for row in plan.mapping],
+            "links": plan.links,
         },
         "summary": _jsonable(plan.summary),
     }
@@ -206,7 +215,10 @@ def pipeline_plan_from_json(doc: Any, *, where: str = "plan") -> PipelinePlanFil
                                      "pipeline.forward_assignment", where),
         mapping=tuple(tuple(row) for row in rows),
         summary=summary,
+        links=section.get("links", "data"),
     )
+    if values["links"] not in LINKS:
+        raise PlanError(f"{where}: pipeline.links must be one of {', '.join(LINKS)}, got {values['links']!r}")
     _check_layout(values["num_devices"], values["micro_batches"], values["replicas"], values["mapping"],
                   values["forward_assignment"], where)
     return PipelinePlanFile(**values)
