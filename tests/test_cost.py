@@ -78,6 +78,43 @@ def test_batch_fraction_is_linear_and_keeps_the_launch_overhead():
         EXACT.op_times(graph, TOY, -1.0)
 
 
+def _gemm_graph(rows, h1, h2):
+    """op0 input x [rows, h1], op1 weight W [h1, h2] (a parameter), op2 Y = x·W, op3 dW = xᵀ·dY (its output
+    reaches only the optimizer op4: a partial sum over the batch, which does not scale). fp32."""
+    x, w, y = 4.0 * rows * h1, 4.0 * h1 * h2, 4.0 * rows * h2
+    flops = 2.0 * rows * h1 * h2
+    return OpGraph(names=["x", "w", "y", "dw", "adam"], kinds=["input", "parameter", "mm", "mm", "adam"],
+                   role=[0, 0, 1, 2, 3], flops=[0.0, 0.0, flops, flops, 10.0 * h1 * h2],
+                   bytes_accessed=[0.0, 0.0, x + w + y, x + y + w, 4 * w], output_bytes=[x, w, y, w, w],
+                   param_bytes=[0.0, w, 0.0, 0.0, 0.0], batch_scaled=[True, False, True, True, False],
+                   split=[0, 2, 0, 1, 2], edge_src=[0, 1, 0, 3, 1], edge_dst=[2, 2, 3, 4, 4],
+                   edge_bytes=[x, w, x, w, w], batch_size=rows)
+
+
+def test_fixed_bytes_are_the_weights_read_and_the_weight_gradients_written():
+    graph = _gemm_graph(8, 1000, 500)
+    w = 4.0 * 1000 * 500
+    # Y reads W over an unscaled edge; dW writes a W-sized output whose only edge does not scale;
+    # the optimizer reads W and dW (it is not batch-scaled, so its fixed bytes do not matter); inputs none
+    assert graph.fixed_bytes().tolist() == [0.0, 0.0, w, w, 2 * w]
+
+
+def test_a_micro_batch_still_reads_the_whole_weight_matrix():
+    """Y = x·W with 1000 rows, W 1000×500 on TOY (10 TFLOP/s, 1 TB/s, 10 us): full 1e9 FLOP = 100 us of
+    compute (bytes 8 MB = 8 us); W alone is 2 MB = 2 us, fixed at every fraction: t(f) = 12 us + f·98 us.
+    The line is the chord of the roofline max(f·100 us, (f·6 MB + 2 MB)/1 TB/s) + 10 us, never below it."""
+    graph = _gemm_graph(1000, 1000, 500)
+    assert EXACT.fixed_times(graph, TOY)[2] == pytest.approx(1e-5 + 2e-6)
+    for fraction in (0.0, 0.01, 0.25, 1.0):
+        t = EXACT.op_times(graph, TOY, fraction)[2]
+        assert t == pytest.approx(1.2e-5 + fraction * (1.1e-4 - 1.2e-5))
+        roofline = 1e-5 + max(fraction * 1e-4, (fraction * 6e6 + 2e6) / 1e12)
+        assert t >= roofline * (1 - 1e-12)
+    # a weight-bound GEMV (one row) costs the same on any share of its batch
+    gemv = _gemm_graph(1, 1000, 500)
+    assert EXACT.op_times(gemv, TOY, 0.5)[2] == pytest.approx(EXACT.op_times(gemv, TOY, 1.0)[2], rel=1e-3)
+
+
 def test_measured_times_are_used_and_moved_by_the_roofline_ratio():
     meta = {"measured_on": "v100-16gb"}
     graph = ops([1e11, 0.0, 1e9], [1e8, 0.0, 1e6], measured=[0.02, 0.0, np.nan], meta=meta)

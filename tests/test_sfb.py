@@ -277,9 +277,13 @@ def test_exhaustive_refuses_large_programs():
 
 
 def test_plan_reproduces_fig4_sizes():
-    """D = 2 replicas of batch b: all-reduce of H₂×H₁ replaced by broadcasting 2(H₂×b + b×H₁)."""
-    b, h1, h2 = 2, 1024, 2048
-    cluster = two_1080ti()
+    """D = 2 replicas of batch b: all-reduce of H₂×H₁ replaced by broadcasting 2(H₂×b + b×H₁). With b = 128
+    the MatMuls are compute-bound (a 1080Ti reads W faster than it multiplies 128 rows by it), so running
+    Y on the whole batch costs ~0.2 ms more, while broadcasting dY (1 MiB at 100 Gbps) costs ~0.1 ms: only
+    dW, which writes a whole H₁×H₂ matrix at any batch, is cheaper to duplicate. (At b = 2 every MatMul is
+    bound by its weight reads and costs the same on 2 rows as on 4, so duplicating Y and dY too is right.)"""
+    b, h1, h2 = 128, 4096, 2048
+    cluster = two_1080ti(100 * GBPS)
     graph = matmul_graph(2 * b, h1, h2)
     group_graph = one_group(graph, cluster)
     strategy = Strategy.data_parallel(1, cluster)
@@ -300,7 +304,7 @@ def test_plan_reproduces_fig4_sizes():
 
 
 def test_plan_follows_the_bandwidth_across_break_even():
-    b, h1, h2 = 2, 256, 256  # gradient 256 KiB, factors 2·2·(2·256·4) = 8 KiB plus the MatMul's extra time
+    b, h1, h2 = 128, 2048, 2048  # gradient 16 MiB, factors 2·128·(2048 + 2048)·4 = 4 MiB plus dW's ~0.1 ms
     graph = matmul_graph(2 * b, h1, h2)
     for gbps, expected in ((1, True), (10_000, False)):
         cluster = two_1080ti(gbps * GBPS)

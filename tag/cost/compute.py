@@ -3,11 +3,16 @@
 TAG §4.1.2 profiles every op on every GPU type and fits a linear model in the batch size; where no
 device is at hand we predict instead (DESIGN "Cost model"):
 
-    t(op, gpu, f) = launch + f · max(FLOPs / (peak · compute_efficiency), bytes / (bandwidth · memory_efficiency))
+    t(op, gpu, 1) = launch + max(FLOPs / (peak · compute_efficiency), bytes / (bandwidth · memory_efficiency))
 
-for a batch-scaled op run on a fraction ``f`` of the reference batch (the launch overhead does not
-scale; ops that are not batch-scaled, such as optimizer updates, cost the same at every ``f``). Ops
-with neither FLOPs nor bytes (views, sizes) and input ops launch no kernel and cost 0.
+at the reference batch, and for a batch-scaled op run on a fraction ``f`` of it, TAG's linear model in
+the batch: t(f) = fixed + f · (t(1) − fixed), where the fixed part is the launch overhead plus the
+bytes that do not shrink with the batch (weights read, weight gradients written:
+:meth:`OpGraph.fixed_bytes`) at the memory roofline, at most t(1). A GEMM on a micro-batch of 8 rows
+still reads its whole weight matrix; this line is the chord of the roofline between f → 0 (the weight
+reads) and f = 1, so it never underestimates it. Ops that are not batch-scaled, such as optimizer
+updates, cost the same at every ``f``. Ops with neither FLOPs nor bytes (views, sizes) and input ops
+launch no kernel and cost 0.
 
 Measured times (PipeDream profiles): on the GPU they were measured on (``graph.meta["measured_on"]``,
 in ``graph.meta["measured_dtype"]``, default fp32) an op costs its measured time; on another GPU or
@@ -103,16 +108,27 @@ class CostModel:
         ratio = np.divide(predicted, at_reference, out=np.ones_like(predicted), where=at_reference > 0)
         return np.where(known, measured * ratio, predicted)
 
+    def fixed_times(self, graph: OpGraph, gpu: GPUType | str) -> np.ndarray:
+        """[N] seconds of each op that do not shrink with its batch fraction (module docstring): for a
+        batch-scaled op the launch overhead plus its fixed bytes (:meth:`OpGraph.fixed_bytes`, weights
+        read and weight gradients written) at the memory roofline, at most its whole time; the whole
+        time of an op that does not scale."""
+        gpu = _resolve(gpu)
+        full = self.reference_times(graph, gpu)
+        weights = graph.fixed_bytes() / (gpu.memory_bandwidth * self.memory_efficiency)
+        overhead = np.minimum(gpu.launch_overhead_s + weights, full)
+        return np.where(graph.batch_scaled & (full > 0), overhead, full)
+
     def op_times(self, graph: OpGraph, gpu: GPUType | str, batch_fraction: float | np.ndarray = 1.0) -> np.ndarray:
-        """[N] seconds of each op on ``gpu`` run on ``batch_fraction`` (scalar or [N]) of the reference batch."""
+        """[N] seconds of each op on ``gpu`` run on ``batch_fraction`` (scalar or [N]) of the reference batch:
+        fixed + fraction · (full − fixed), :meth:`fixed_times` being the part that does not shrink."""
         gpu = _resolve(gpu)
         full = self.reference_times(graph, gpu)
         fraction = np.broadcast_to(np.asarray(batch_fraction, dtype=np.float64), full.shape)
         if (fraction < 0).any() or not np.isfinite(fraction).all():
             raise ValueError("batch_fraction must be finite and non-negative")
-        overhead = np.minimum(gpu.launch_overhead_s, full)
-        scaled = overhead + fraction * (full - overhead)
-        return np.where(graph.batch_scaled & (full > 0), scaled, full)
+        fixed = self.fixed_times(graph, gpu)
+        return fixed + fraction * (full - fixed)
 
     def op_time_table(self, graph: OpGraph, gpus: Sequence[GPUType | str]) -> np.ndarray:
         """[N, T] seconds of each op on each GPU type at the reference batch."""

@@ -19,8 +19,8 @@ one forward op, its *owner*, and is contracted onto it (:func:`assign_owners`):
 - an **optimizer** op follows the parameter it updates, else the earliest owner among its inputs;
 - anything left (optimizer state, step counters) follows its earliest owned neighbour.
 
-**Costs.** Times come from the cost model, split into a fixed part (launch overheads, ops that do not
-scale with the batch) and a part linear in the batch fraction, so a stage's time at any micro-batch is
+**Costs.** Times come from the cost model, split into a fixed part (launch overheads and weight reads,
+:meth:`CostModel.fixed_times`; ops that do not scale with the batch) and a part linear in the batch fraction, so a stage's time at any micro-batch is
 ``fixed + fraction · scaled`` (the same affine law :meth:`CostModel.op_times` applies op by op).
 Activations kept for backward are the outputs of forward and data-input ops that some backward op
 reads (every forward output when the graph has no backward ops). Edges between forward ops carry the
@@ -201,10 +201,8 @@ def _fill_from_neighbours(owner: np.ndarray, pred: list[list[int]], succ: list[l
 def _split_times(graph: OpGraph, cost: CostModel, gpu: GPUType) -> tuple[np.ndarray, np.ndarray]:
     """([N] fixed, [N] scaled) seconds: an op on fraction f of the reference batch takes fixed + f·scaled."""
     full = cost.reference_times(graph, gpu)
-    overhead = np.minimum(gpu.launch_overhead_s, full)
-    scales = graph.batch_scaled & (full > 0)
-    fixed = np.where(scales, overhead, full)
-    return fixed, np.where(scales, full - overhead, 0.0)
+    fixed = cost.fixed_times(graph, gpu)
+    return fixed, full - fixed
 
 
 @dataclass(eq=False)

@@ -200,6 +200,20 @@ class OpGraph:
         return int(round(self.total_param_bytes() / self.meta.get("param_dtype_bytes", 4)))
 
     # ------------------------------------------------------------------ structure
+    def fixed_bytes(self) -> np.ndarray:
+        """[N] bytes an op moves that do not shrink with its share of the batch: the parameters it owns
+        or reads over edges that do not scale (weights), and its output where none of its out-edges
+        scales (a weight gradient); 0 for input ops, which launch no kernel. A GEMM on a micro-batch
+        still reads its whole weight matrix."""
+        fixed = self.param_bytes.copy()
+        np.add.at(fixed, self.edge_dst, np.where(self.edge_batch_scaled, 0.0, self.edge_bytes))
+        outputs = np.zeros(self.num_ops, dtype=np.int64)
+        scaled_out = np.zeros(self.num_ops, dtype=np.int64)
+        np.add.at(outputs, self.edge_src, 1)
+        np.add.at(scaled_out, self.edge_src, self.edge_batch_scaled.astype(np.int64))
+        fixed += np.where((outputs > 0) & (scaled_out == 0), self.output_bytes, 0.0)
+        return np.where(self.role == ROLE_INPUT, 0.0, fixed)
+
     def topological_order(self) -> np.ndarray:
         """Kahn's order, ties broken by op index; GraphError naming an op on a cycle."""
         n = self.num_ops
