@@ -17,12 +17,15 @@ shared machine) with a fresh evaluator (every new (group, layout) and (pair, lay
 fragment is compiled on its first use, as in a search), ``warm_evals_per_s`` on a second pass (every
 fragment cached: the cost of the kernels alone), both with feedback (``--no-feedback`` to skip it). The
 compile path runs on a fresh Cluster object, its caches cold.
+The evaluations run with the cyclic garbage collector's view of the setup frozen, as in a search
+(:func:`tag.search.frozen_gc`; ``--no-gc-freeze`` to leave it on every object).
 Single process, one thread. Prints a table, optionally the cProfile hot spots, and ends with one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import cProfile
 import io
 import json
@@ -35,6 +38,7 @@ from tag.cluster import resolve_cluster
 from tag.compiler import StrategyEvaluator, compile_strategy, random_strategy
 from tag.graph.resolve import resolve_model
 from tag.grouping import group_ops
+from tag.search import frozen_gc
 from tag.sim import simulate_fast
 from tag.strategy import OPTIONS, Strategy, candidate_actions
 
@@ -112,6 +116,8 @@ def main() -> None:
                         choices=["search", "uniform", "random"])
     parser.add_argument("--no-feedback", dest="feedback", action="store_false", help="skip Table 1 feedback")
     parser.add_argument("--profile", action="store_true", help="print cProfile hot spots per granularity")
+    parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
+                        help="let the garbage collector scan the setup's objects during the runs")
     args = parser.parse_args()
 
     cluster = resolve_cluster(args.cluster)
@@ -132,8 +138,9 @@ def main() -> None:
             evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, max_cached_tasks=30_000_000)
             result = evaluator(Strategy.data_parallel(g, cluster))  # tables; kernels compiled if not cached
             setup_s = time.perf_counter() - t0
-            cold, cold_cpu = measure(evaluator, strategies, feedback=args.feedback)
-            warm, warm_cpu = measure(evaluator, strategies, feedback=args.feedback)
+            with frozen_gc() if args.gc_freeze else contextlib.nullcontext():
+                cold, cold_cpu = measure(evaluator, strategies, feedback=args.feedback)
+                warm, warm_cpu = measure(evaluator, strategies, feedback=args.feedback)
             row = {"granularity": granularity, "workload": workload, "setup_s": setup_s,
                    "evals_per_s": cold, "warm_evals_per_s": warm, "evals_per_cpu_s": cold_cpu,
                    "warm_evals_per_cpu_s": warm_cpu,
@@ -144,7 +151,8 @@ def main() -> None:
             rows.append(row)
     print(f"{args.model}: {graph.num_ops} ops -> {g} groups ({grouping_s:.2f} s), {cluster.name}: "
           f"{cluster.num_devices} devices, {args.strategies} strategies per workload, one process, "
-          f"feedback {'on' if args.feedback else 'off'}")
+          f"feedback {'on' if args.feedback else 'off'}, setup {'frozen' if args.gc_freeze else 'not frozen'} for the "
+          f"garbage collector")
     print(f"{'granularity':<12}{'workload':<9}{'evals/s':>9}{'warm/s':>9}{'/cpu-s':>9}{'warm':>9}{'tasks':>8}   "
           f"{'compile_strategy+simulate_fast: evals/s':>40}")
     for r in rows:
@@ -157,7 +165,8 @@ def main() -> None:
             print(hot_spots(group_graph, cluster, workloads["search"][:100], granularity))
     results = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
     print(json.dumps({"model": args.model, "cluster": args.cluster, "groups": g, "devices": cluster.num_devices,
-                      "strategies": args.strategies, "feedback": args.feedback, "results": results}))
+                      "strategies": args.strategies, "feedback": args.feedback, "gc_freeze": args.gc_freeze,
+                      "results": results}))
 
 
 if __name__ == "__main__":

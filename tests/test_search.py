@@ -1,4 +1,5 @@
 import dataclasses
+import gc
 import math
 from types import SimpleNamespace
 
@@ -23,6 +24,7 @@ from tag.search import (
     acceptance_probability,
     backup,
     expand,
+    frozen_gc,
     metropolis_step,
     mcmc_search,
     mcts_search,
@@ -257,6 +259,36 @@ def test_mcts_batched_with_virtual_loss():
     assert tree.visits[ROOT] == 400  # every virtual loss was taken back
     for node in range(tree.num_nodes):
         assert tree.visits[node] == 1 + tree.child_visits(node).sum()
+
+
+def test_frozen_gc_freezes_for_the_search_and_hands_back():
+    """The search runs with the objects alive at its start frozen, and leaves nothing frozen behind; a freeze
+    held outside is left alone."""
+    assert gc.get_freeze_count() == 0
+    seen = []
+
+    class Watching(SequenceEnv):
+        def evaluate(self, state):
+            seen.append(gc.get_freeze_count())
+            return super().evaluate(state)
+
+    mcts_search(Watching((1, 0, 1), 2), max_iterations=5)
+    assert min(seen) > 0 and gc.get_freeze_count() == 0
+    with frozen_gc():
+        outer = gc.get_freeze_count()
+        assert outer > 0
+        with frozen_gc():
+            pass
+        assert gc.get_freeze_count() == outer
+    assert gc.get_freeze_count() == 0
+    gc.freeze()
+    try:
+        held = gc.get_freeze_count()
+        with frozen_gc():
+            pass
+        assert gc.get_freeze_count() == held
+    finally:
+        gc.unfreeze()
 
 
 def test_mcts_progress_and_budget_checks():

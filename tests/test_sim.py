@@ -487,6 +487,81 @@ def test_radix_order_is_a_stable_sort():
     assert kernels._radix_order(np.zeros(0)).size == 0
 
 
+def _plain_peak_memory(num_devices, device, nbytes, persistent, alloc, free):
+    """Peak memory as the kernel's predecessor computed it: bincount of the persistent bytes, plus a sweep of
+    the transient tensors' frees then allocations in a stable argsort of their times."""
+    peak = np.bincount(device[persistent], weights=nbytes[persistent], minlength=num_devices)
+    transient = ~persistent
+    times = np.concatenate([free[transient], alloc[transient]])
+    delta = np.concatenate([-nbytes[transient], nbytes[transient]])
+    devices = np.concatenate([device[transient], device[transient]])
+    live, top = np.zeros(num_devices), np.zeros(num_devices)
+    for i in np.argsort(times, kind="stable").tolist():
+        live[devices[i]] += delta[i]
+        top[devices[i]] = max(top[devices[i]], live[devices[i]])
+    return peak + top
+
+
+def test_peak_memory_kernel_by_hand():
+    """Two devices. Device 0: a tensor [0, 2) of 1 byte, one [1, 3) of 2 (read by task 2), one allocated at 2
+    (task 2's start) of 4, freed at 3: at 2 the 1-byte tensor goes before the 4-byte one comes, so the peak
+    is 2 + 4, plus 10 persistent. Device 1: 7 persistent bytes and nothing else."""
+    start, finish = np.array([0.0, 1.0, 2.0]), np.array([2.0, 3.0, 3.0])
+    device = np.array([0, 0, 0, 0, 1])
+    nbytes = np.array([1.0, 2.0, 4.0, 10.0, 7.0])
+    persistent = np.array([False, False, False, True, True])
+    producer = np.array([0, 1, 2, -1, -1])
+    reader_tensor, reader_task = np.array([1]), np.array([2])
+    empty = np.zeros(0)
+    for kernel in (kernels.peak_memory, getattr(kernels.peak_memory, "py_func", kernels.peak_memory)):
+        peak = kernel(2, device, nbytes, persistent, producer, empty, empty, reader_tensor, reader_task, empty, start,
+                      finish)
+        np.testing.assert_array_equal(peak, [16.0, 7.0])
+
+
+@pytest.mark.parametrize("lagged", [False, True])
+def test_peak_memory_kernel_equals_bincount_plus_sorted_sweep(lagged):
+    """The one-pass kernel against the path it replaced, bit for bit: many equal times (frees before
+    allocations at one instant), persistent tensors mixed in, tensors without a producer or readers."""
+    rng = np.random.default_rng(7 + lagged)
+    num_tasks, num_tensors, num_reads, num_devices = 300, 400, 700, 5
+    start = np.round(rng.random(num_tasks) * 20) / 4  # coarse times: ties everywhere
+    duration = np.where(rng.random(num_tasks) < 0.3, 0.0, np.round(rng.random(num_tasks) * 8) / 4)
+    finish = start + duration
+    device = rng.integers(0, num_devices, num_tensors)
+    nbytes = rng.random(num_tensors) * 1e9
+    persistent = rng.random(num_tensors) < 0.2
+    producer = np.where(persistent | (rng.random(num_tensors) < 0.1), -1, rng.integers(0, num_tasks, num_tensors))
+    reader_tensor, reader_task = rng.integers(0, num_tensors, num_reads), rng.integers(0, num_tasks, num_reads)
+    lags = ((rng.random(num_tensors) * duration[np.maximum(producer, 0)] / 2,
+             duration[np.maximum(producer, 0)], duration[reader_task]) if lagged else (np.zeros(0),) * 3)
+    alloc, free = kernels.tensor_lifetimes(producer, lags[0], lags[1], reader_tensor, reader_task, lags[2], start,
+                                           finish)
+    expected = _plain_peak_memory(num_devices, device, nbytes, persistent, alloc, free)
+    peak = kernels.peak_memory(num_devices, device, nbytes, persistent, producer, lags[0], lags[1], reader_tensor,
+                               reader_task, lags[2], start, finish)
+    np.testing.assert_array_equal(peak, expected)
+
+
+def test_feedback_sums_read_either_csr_the_same():
+    """feedback_sums over the successor CSR (the evaluator's) and over the predecessor CSR (a TaskGraph's):
+    the same dependencies, so the same first starts, last finishes, waits and busy times."""
+    tg = random_taskgraph(tag_random(seed=4, machines=2), 200, seed=4, tie_fraction=0.3, p_transfer=0.3)
+    result = simulate_fast(tg)
+    common = (tg.num_groups, tg.num_resources, tg.group, tg.kind, tg.duration, tg.res_ptr, tg.res)
+    by_task = kernels.feedback_sums(*common, tg.dep_ptr, tg.dep, tg.lags.dep, False, result.start, result.finish)
+    by_pred = kernels.feedback_sums(*common, tg.succ_ptr, tg.succ, tg.succ_lag, True, result.start, result.finish)
+    assert by_task[3].sum() > 0  # some compute task feeds a transfer
+    for a, b in zip(by_task, by_pred):
+        np.testing.assert_allclose(a, b, rtol=1e-12)
+    # by hand: each wait is a transfer's start minus the finish of the compute task it waits for
+    pred = np.repeat(np.arange(tg.num_tasks), np.diff(tg.succ_ptr))
+    feeds = (tg.kind[pred] == 0) & (tg.kind[tg.succ] != 0) & (tg.group[pred] >= 0)
+    wait = np.zeros(tg.num_groups)
+    np.add.at(wait, tg.group[pred[feeds]], result.start[tg.succ[feeds]] - result.finish[pred[feeds]])
+    np.testing.assert_allclose(by_pred[2], wait, rtol=1e-12)
+
+
 def _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_resources):
     """The list scheduling rule of :mod:`tag.sim.fast` written plainly with heapq (ordinary dependencies)."""
     import heapq

@@ -52,7 +52,7 @@ import numpy as np
 from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.grouping import GroupGraph
-from tag.sim.kernels import _jit, list_schedule, merge_chunks, successors_csr, tensor_lifetimes, transient_peaks
+from tag.sim.kernels import _jit, list_schedule, merge_chunks, peak_memory, successors_csr
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
 from tag.sim.taskgraph import RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_TRANSFER
 from tag.strategy import BATCH_SPLITS, Strategy, device_group_sizes
@@ -83,7 +83,8 @@ class _Columns:
         self.columns = {name: np.zeros(1024, dtype=dtype) for name, (dtype, _) in specs.items()}
 
     def extend(self, rows: dict[str, Any], counts: dict[str, int]) -> dict[str, int]:
-        """Append ``counts[table]`` rows to every table (``rows[column]``: its new values); returns each
+        """Append ``counts[table]`` rows to every table (``rows[column]``: its new values; a column absent
+        from ``rows`` gets rows of no defined value, for a reader that never looks at them); returns each
         table's first new row."""
         first = dict(self.size)
         for name, (dtype, table) in self.specs.items():
@@ -91,7 +92,9 @@ class _Columns:
             column = self.columns[name]
             if start + count > column.size:
                 column = self.columns[name] = np.resize(column, max(2 * column.size, start + count))
-            column[start:start + count] = rows[name]
+            values = rows.get(name)
+            if values is not None:
+                column[start:start + count] = values
         for table, count in counts.items():
             self.size[table] += count
         return first
@@ -146,30 +149,39 @@ class _Skeletons(_Columns):
         self.num_devices = num_devices
         self.ids: dict[int, tuple[Any, int]] = {}  # id(skeleton) -> (skeleton, its row); holds the skeleton alive
 
-    def id_of(self, skeleton) -> int:
-        found = self.ids.get(id(skeleton))
-        if found is not None:
-            return found[1]
-        transfers = skeleton.transfers
+    def ids_of(self, skeletons: list) -> np.ndarray:
+        """[S] row of each skeleton, the new ones appended in one go (a pair of layouts brings several)."""
+        ids = self.ids
+        found = [ids.get(id(skeleton)) for skeleton in skeletons]
+        new = list({id(sk): sk for sk, hit in zip(skeletons, found) if hit is None}.values())
+        if new:
+            self._append(new)
+            found = [ids[id(skeleton)] for skeleton in skeletons]
+        return np.array([row for _, row in found], dtype=np.int64)
+
+    def _append(self, skeletons: list) -> None:
         size = self.size
+        transfers = [t for skeleton in skeletons for t in skeleton.transfers]
         parts = [part for t in transfers for part in t[3]]
         counted = [k for t in transfers for k in t[4]]
+        num_transfers = np.array([len(skeleton.transfers) for skeleton in skeletons], dtype=np.int64)  # [S]
         num_parts = np.array([len(t[3]) for t in transfers], dtype=np.int64)  # [n]
         num_counted = np.array([len(t[4]) for t in transfers], dtype=np.int64)  # [n]
-        local = np.zeros(self.num_devices, dtype=bool)
-        local[list(skeleton.local)] = True
+        local = np.zeros((len(skeletons), self.num_devices), dtype=bool)  # [S, D]
+        for row, skeleton in zip(local, skeletons):
+            row[list(skeleton.local)] = True
         rows = {
-            "first_transfer": [size["transfer"]], "transfers": [len(transfers)],
+            "first_transfer": size["transfer"] + np.cumsum(num_transfers) - num_transfers, "transfers": num_transfers,
             "src": [t[0] for t in transfers], "dst": [t[1] for t in transfers], "stage": [t[2] for t in transfers],
             "first_part": size["part"] + np.cumsum(num_parts) - num_parts, "parts": num_parts,
             "first_counted": size["counted"] + np.cumsum(num_counted) - num_counted, "counted": num_counted,
             "part_category": [k for k, _ in parts], "part_fraction": [f for _, f in parts],
-            "counted_category": counted, "local": local,
+            "counted_category": counted, "local": local.reshape(-1),
         }
-        row = self.extend(rows, {"skeleton": 1, "transfer": len(transfers), "part": len(parts),
-                                 "counted": len(counted), "local": self.num_devices})["skeleton"]
-        self.ids[id(skeleton)] = (skeleton, row)
-        return row
+        first = self.extend(rows, {"skeleton": len(skeletons), "transfer": len(transfers), "part": len(parts),
+                                   "counted": len(counted), "local": local.size})["skeleton"]
+        for k, skeleton in enumerate(skeletons):
+            self.ids[id(skeleton)] = (skeleton, first + k)
 
 
 class _Assembled(NamedTuple):
@@ -203,9 +215,9 @@ class _GroupBlock(NamedTuple):
     tasks: int  # compute tasks, one per chunk (unit) and replica, as pair fragments are built against them
     tensors: int  # their output tensors (numbered first; the persistent ones follow)
     merged: int  # tasks once the chunks of each part are merged (what the arena stores)
-    new_id: np.ndarray  # [tasks] merged task of each chunk task
-    start_lag: np.ndarray  # [tasks] where each chunk task starts inside its merged task (seconds)
-    end_lag: np.ndarray  # [tasks] where it ends
+    new_id: np.ndarray | None  # [tasks] merged task of each chunk task (None: no chunks are merged)
+    start_lag: np.ndarray | None  # [tasks] where each chunk task starts inside its merged task (seconds)
+    end_lag: np.ndarray | None  # [tasks] where it ends
     replicas: int  # R: tasks per unit (1 for a model-parallel group, whose units are its pieces)
     task_device: np.ndarray  # [tasks] device of each compute task
     index: np.ndarray  # [D] replica of each device, -1 (all -1 for a model-parallel group)
@@ -263,6 +275,7 @@ class StrategyEvaluator:
         for units in self.tables.group_units:
             self._unit_position[units] = np.arange(units.size)
         unit_part = self.tables.unit_part
+        self._merging = unit_part is not None  # chunks merged into one task per part and replica: lags
         self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * d
         self._pair_static: dict[tuple[int, int], tuple] = {}
         self._local_pair_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -398,10 +411,14 @@ class StrategyEvaluator:
                                           tensor_first, None))
         return fragment
 
-    def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, Any, Any, Any]:
         """A group fragment's rows with the chunks of each part merged (:func:`tag.sim.kernels.merge_chunks`,
         as compile_strategy merges the whole TaskGraph) and lags on its dependencies, tensors and reads.
-        Returns (rows, merged task [T], start lag [T] and end lag [T] of each chunk task)."""
+        Returns (rows, merged task [T], start lag [T] and end lag [T] of each chunk task). Where no chunks are
+        merged (every granularity but ``"merged"``) the tasks stay as they are and the lags, never read
+        (:func:`_assemble`), are left out: (rows less any dependency of a task on itself, None, None, None)."""
+        if not self._merging:
+            return _without_self_dependencies(rows), None, None, None
         nres = np.asarray(rows["nres"], dtype=np.int64)
         res_ptr = np.zeros(nres.size + 1, dtype=np.int64)
         np.cumsum(nres, out=res_ptr[1:])
@@ -425,7 +442,11 @@ class StrategyEvaluator:
     def _localize_pair(self, rows: dict, block_p: _GroupBlock, block_c: _GroupBlock, same: bool) -> tuple[dict, tuple]:
         """A pair fragment's rows, built against P's and C's chunk tasks, moved onto their merged tasks: task
         references renumbered, lags computed (as :func:`tag.sim.kernels.merge_chunks` computes them), the
-        dependencies inside one merged task dropped. Returns (rows, blocks for the fragment table)."""
+        dependencies inside one merged task dropped. Returns (rows, blocks for the fragment table). Where no
+        chunks are merged, the references stand and only a dependency of a task on itself is dropped."""
+        blocks = (block_p.merged, 0 if same else block_c.merged, block_p.tensors, 0 if same else block_c.tensors)
+        if not self._merging:
+            return _without_self_dependencies(rows), blocks
         own = len(rows["duration"])
         duration = np.asarray(rows["duration"], dtype=np.float64)
         parts_new = [block_p.new_id]
@@ -457,7 +478,6 @@ class StrategyEvaluator:
             free_lag=np.where(producer >= 0, end_lag[np.maximum(producer, 0)], 0.0),
             read_task=new_ref[read_task], read_lag=end_lag[read_task],
         )
-        blocks = (block_p.merged, 0 if same else block_c.merged, block_p.tensors, 0 if same else block_c.tensors)
         return rows, blocks
 
     def _replica_rows(self, layout: GroupLayout) -> tuple[dict, np.ndarray, int]:
@@ -558,7 +578,7 @@ class StrategyEvaluator:
         # a skeleton depends on a bundle only through its kind (_bundle_arrays)
         skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in representatives]
         store = self._skeletons
-        skeleton_ids = np.array([store.id_of(sk) for sk in skeletons], dtype=np.int64)[kind_of]  # [B]
+        skeleton_ids = store.ids_of(skeletons)[kind_of]  # [B]
         first_task, first_tensor = blocks[0] + blocks[1], blocks[2] + blocks[3]
         columns = _pair_transfers(
             unit, category, consumer_ptr, consumer, skeleton_ids, category_bytes, category_count,
@@ -572,11 +592,19 @@ class StrategyEvaluator:
         (duration, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
          read_task) = columns
         transfers = duration.size
-        if any(sk.collectives for sk in skeletons):
-            compiler.pair_collectives(bundles, layout_p, layout_c, self._block_dicts(fragment_p),
-                                      None if same else self._block_dicts(fragment_c), first_task + transfers,
-                                      first_tensor + transfers)
         rows = {
+            "duration": duration, "kind": np.full(transfers, TASK_TRANSFER, dtype=np.int8),
+            "group": np.full(transfers, layout_c.group), "nres": nres, "res": res, "dep_task": dep_task,
+            "dep_on": dep_on, "tensor_device": tensor_device, "tensor_bytes": tensor_bytes,
+            "tensor_producer": tensor_producer, "tensor_persistent": np.zeros(transfers, dtype=bool),
+            "read_tensor": read_tensor, "read_task": read_task,
+        }
+        if not any(sk.collectives for sk in skeletons):
+            return rows, transfers
+        compiler.pair_collectives(bundles, layout_p, layout_c, self._block_dicts(fragment_p),
+                                  None if same else self._block_dicts(fragment_c), first_task + transfers,
+                                  first_tensor + transfers)
+        rows.update({  # the collectives' tasks, dependencies and reads (they add no tensors)
             "duration": np.concatenate([duration, compiler.duration]),
             "kind": np.concatenate([np.full(transfers, TASK_TRANSFER, dtype=np.int8), compiler.kind]),
             "group": np.concatenate([np.full(transfers, layout_c.group), compiler.group]),
@@ -584,11 +612,9 @@ class StrategyEvaluator:
             "res": np.concatenate([res, [r for held in compiler.res for r in held]]),
             "dep_task": np.concatenate([dep_task, compiler.dep_task]),
             "dep_on": np.concatenate([dep_on, compiler.dep_on]),
-            "tensor_device": tensor_device, "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
-            "tensor_persistent": np.zeros(transfers, dtype=bool),
             "read_tensor": np.concatenate([read_tensor, compiler.read_tensor]),
             "read_task": np.concatenate([read_task, compiler.read_task]),
-        }
+        })
         return rows, transfers
 
     def _bundle_arrays(self, bundles: list, layout_p: GroupLayout, layout_c: GroupLayout) -> tuple:
@@ -650,19 +676,14 @@ class StrategyEvaluator:
                         view("kind"), view("group"), view("nres"), view("res"), view("dep_task"), view("dep_on"),
                         view("dep_lag"), view("tensor_device"), view("tensor_bytes"), view("tensor_producer"),
                         view("alloc_lag"), view("free_lag"), view("tensor_persistent"), view("read_tensor"),
-                        view("read_task"), view("read_lag"), self.tables.unit_part is not None, self._link_base,
+                        view("read_task"), view("read_lag"), self._merging, self._link_base,
                         self.cluster.num_devices)
         return _Assembled(*out)
 
     def _peak_memory(self, columns: _Assembled, start: np.ndarray, finish: np.ndarray) -> np.ndarray:
-        d = self.cluster.num_devices
-        persistent = columns.tensor_persistent
-        peak = np.bincount(columns.tensor_device[persistent], weights=columns.tensor_bytes[persistent], minlength=d)
-        alloc, free = tensor_lifetimes(columns.tensor_producer, columns.alloc_lag, columns.free_lag,
-                                       columns.read_tensor, columns.read_task, columns.read_lag, start, finish)
-        transient = ~persistent
-        return peak + transient_peaks(d, columns.tensor_device[transient], columns.tensor_bytes[transient],
-                                      alloc[transient], free[transient])
+        return peak_memory(self.cluster.num_devices, columns.tensor_device, columns.tensor_bytes,
+                           columns.tensor_persistent, columns.tensor_producer, columns.alloc_lag, columns.free_lag,
+                           columns.read_tensor, columns.read_task, columns.read_lag, start, finish)
 
     def _feedback(self, columns: _Assembled, succ_ptr: np.ndarray, succ: np.ndarray, succ_lag: np.ndarray,
                   start: np.ndarray, finish: np.ndarray, peak: np.ndarray):
@@ -671,10 +692,19 @@ class StrategyEvaluator:
         resource_kind = np.concatenate([self._fixed_resources, np.full(links, RES_LINK, dtype=np.int8)])
         resource_a = np.concatenate([self._fixed_a, columns.link_dense // d])
         resource_b = np.concatenate([np.full(self._link_base, -1, dtype=np.int64), columns.link_dense % d])
-        edge_pred = np.repeat(np.arange(columns.duration.size), np.diff(succ_ptr))
         return feedback_from_columns(self.cluster, self.group_graph.num_groups, columns.group, columns.kind,
                                      columns.duration, columns.res_ptr, columns.res, resource_kind, resource_a,
-                                     resource_b, succ, edge_pred, succ_lag, start, finish, peak)
+                                     resource_b, succ_ptr, succ, succ_lag, start, finish, peak, by_predecessor=True)
+
+
+def _without_self_dependencies(rows: dict) -> dict:
+    """``rows`` less any dependency of a task on itself (what merging drops, with nothing merged)."""
+    dep_task = np.asarray(rows["dep_task"], dtype=np.int64)
+    dep_on = np.asarray(rows["dep_on"], dtype=np.int64)
+    keep = dep_task != dep_on
+    if not keep.all():
+        rows = dict(rows, dep_task=dep_task[keep], dep_on=dep_on[keep])
+    return rows
 
 
 # ------------------------------------------------------------------------------------------------ the kernel

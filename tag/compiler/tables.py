@@ -363,14 +363,16 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
     """
     assignment = tables.group_graph.assignment
     found: dict[tuple, dict[tuple[int, int], list]] = {}
-    for q in use_ids.tolist():
-        p = int(tables.use_producer[q])
-        group_p, group_c = int(assignment[p]), int(tables.use_group[q])
-        pclass, demand = int(tables.use_pclass[q]), int(tables.use_demand[q])
-        consumers = tables.use_consumers[q]
+    producer = tables.use_producer[use_ids]  # [Q]
+    columns = zip(use_ids.tolist(), producer.tolist(), op_unit[producer].tolist(), assignment[producer].tolist(),
+                  tables.use_group[use_ids].tolist(), tables.use_pclass[use_ids].tolist(),
+                  tables.use_demand[use_ids].tolist(), tables.use_bytes[use_ids].tolist())
+    use_consumers = tables.use_consumers
+    for q, p, unit_p, group_p, group_c, pclass, demand, nbytes in columns:
+        consumers = use_consumers[q]
         if skip_local and group_p == group_c:
             # Readers in the producer's own unit read it inside the task (no sync edge lies inside a unit).
-            consumers = consumers[op_unit[consumers] != op_unit[p]]
+            consumers = consumers[op_unit[consumers] != unit_p]
             if consumers.size == 0:
                 continue
             demand = int(tables.op_demand[consumers].max())
@@ -380,11 +382,10 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
         device = op_device.get(p, -1) if op_device is not None else -1
         # Input ops' tensors (parameters, the batch) exist from time 0 and all queue at once: each moves on
         # its own, in op order, as at op level (one merged transfer would take the NICs in another order).
-        unit = int(op_unit[p]) if op_unit[p] != NO_UNIT else NO_UNIT - 1 - p
+        unit = unit_p if unit_p != NO_UNIT else NO_UNIT - 1 - p
         key = (group_p, unit, device, group_c, consumer_units)
         categories = found.setdefault(key, {})
         entry = categories.setdefault((pclass, demand), [0.0, 0, []])
-        nbytes = float(tables.use_bytes[q])
         entry[0] += nbytes
         entry[1] += nbytes > 0
         entry[2].append(q)

@@ -5,7 +5,14 @@ a :class:`PlacementState`). A search environment (:class:`SearchEnv`) defines th
 environment decides op group by op group, and the MCTS core drives any environment of the same shape.
 """
 
-from tag.search.base import BatchEvaluator, Evaluator, PlacementState, uniform_batch_evaluator, uniform_evaluator
+from tag.search.base import (
+    BatchEvaluator,
+    Evaluator,
+    PlacementState,
+    frozen_gc,
+    uniform_batch_evaluator,
+    uniform_evaluator,
+)
 from tag.search.env import LeafEvaluation, SearchEnv
 from tag.search.errors import SearchError
 from tag.search.mcmc import DEFAULT_ALPHA, acceptance_probability, mcmc_search, metropolis_step, propose
@@ -51,5 +58,5 @@ __all__ = [
     "mcmc_search", "acceptance_probability", "metropolis_step", "propose", "DEFAULT_ALPHA",
     # results
     "SearchResult", "HistoryPoint", "TrainingTarget", "SearchProgress", "ProgressCallback",
-    "SearchError",
+    "SearchError", "frozen_gc",
 ]

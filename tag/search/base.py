@@ -7,7 +7,9 @@ The GNN of :mod:`tag.policy` is one evaluator; :func:`uniform_evaluator` ("pure 
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple, Sequence
+import contextlib
+import gc
+from typing import Callable, Iterator, NamedTuple, Sequence
 
 import numpy as np
 
@@ -16,7 +18,8 @@ from tag.grouping import GroupGraph
 from tag.sim.result import Feedback
 from tag.strategy import Strategy
 
-__all__ = ["PlacementState", "Evaluator", "BatchEvaluator", "uniform_evaluator", "uniform_batch_evaluator"]
+__all__ = ["PlacementState", "Evaluator", "BatchEvaluator", "uniform_evaluator", "uniform_batch_evaluator",
+           "frozen_gc"]
 
 
 class PlacementState(NamedTuple):
@@ -48,3 +51,23 @@ def uniform_evaluator(state: PlacementState) -> np.ndarray:
 def uniform_batch_evaluator(states: Sequence[PlacementState]) -> list[np.ndarray]:
     """:func:`uniform_evaluator` over several states."""
     return [uniform_evaluator(state) for state in states]
+
+
+@contextlib.contextmanager
+def frozen_gc() -> Iterator[None]:
+    """Keep the objects alive on entry out of the cyclic garbage collector's scans until exit.
+
+    A search allocates as it goes (fragments, cached plans, tree states), so the collector runs often, and
+    each full collection walks every object of the process: the model, its grouping and the compiler's
+    tables, hundreds of thousands that live as long as the search. Frozen (``gc.freeze``), they are not
+    scanned; on exit they are handed back (``gc.unfreeze``), so nothing stays permanent in a long-lived
+    process. Nested or inside a caller's own freeze, it does nothing (the outer freeze holds).
+    """
+    if gc.get_freeze_count() > 0:
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()

@@ -20,6 +20,7 @@ import math
 import numpy as np
 
 from tag._rng import as_rng
+from tag.search.base import frozen_gc
 from tag.search.env import LeafEvaluation
 from tag.search.placement import PlacementEnv
 from tag.search.result import ProgressCallback, SearchResult, Tracker
@@ -82,11 +83,12 @@ def mcmc_search(env: PlacementEnv, *, alpha: float = DEFAULT_ALPHA, max_iteratio
     current = env.score(env.strategy(env.root()) if initial is None else initial)
     tracker.record(current, iteration=0)
     stalled, simulations = 0, tracker.num_simulations
-    while not tracker.done() and stalled < _STALL_ITERATIONS:
-        proposal = env.score(propose(current.candidate, env.masks, env.options, rng))
-        stalled = 0 if tracker.num_simulations > simulations else stalled + 1
-        simulations = tracker.num_simulations
-        tracker.record(proposal)
-        current = metropolis_step(current, proposal, alpha=alpha, rng=rng)
-        tracker.step()
+    with frozen_gc():  # the environment's tables and caches, built by now, stay out of the collector's scans
+        while not tracker.done() and stalled < _STALL_ITERATIONS:
+            proposal = env.score(propose(current.candidate, env.masks, env.options, rng))
+            stalled = 0 if tracker.num_simulations > simulations else stalled + 1
+            simulations = tracker.num_simulations
+            tracker.record(proposal)
+            current = metropolis_step(current, proposal, alpha=alpha, rng=rng)
+            tracker.step()
     return tracker.result("mcmc", [])

@@ -32,7 +32,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from tag._rng import as_rng
-from tag.search.base import BatchEvaluator, Evaluator, uniform_evaluator
+from tag.search.base import BatchEvaluator, Evaluator, frozen_gc, uniform_evaluator
 from tag.search.env import LeafEvaluation, SearchEnv
 from tag.search.errors import SearchError
 from tag.search.result import ProgressCallback, SearchResult, Tracker, TrainingTarget
@@ -191,20 +191,21 @@ def mcts_search(env: SearchEnv, evaluator: Evaluator = uniform_evaluator, *,
     tracker = Tracker(env, max_iterations=max_iterations, max_simulations=max_simulations,
                       time_limit_s=time_limit_s, progress=progress)
     tree = Tree.empty(env.root())
-    while not tracker.done() and not tree.exhausted[ROOT]:
-        room = batch_size if max_iterations is None else min(batch_size, max_iterations - tracker.iteration)
-        pending = _select_batch(tree, env, room, c=c_puct, rng=rng, fpu_reduction=fpu_reduction)
-        if not pending:
-            break
-        evaluations = [evaluate(tree, env, p.node) for p in pending]
-        priors = _priors(tree, env, [p.node for p in pending], evaluator, batch_evaluator)
-        for leaf, evaluation, prior in zip(pending, evaluations, priors):
-            _add_along_path(tree, leaf.node, -1, -leaf.virtual_value)
-            if not tree.expanded(leaf.node):
-                expand(tree, leaf.node, prior, env.valid_actions(tree.states[leaf.node]))
-            backup(tree, leaf.node, evaluation.value)
-            tracker.record(evaluation)
-            tracker.step()
+    with frozen_gc():  # the environment's tables and caches, built by now, stay out of the collector's scans
+        while not tracker.done() and not tree.exhausted[ROOT]:
+            room = batch_size if max_iterations is None else min(batch_size, max_iterations - tracker.iteration)
+            pending = _select_batch(tree, env, room, c=c_puct, rng=rng, fpu_reduction=fpu_reduction)
+            if not pending:
+                break
+            evaluations = [evaluate(tree, env, p.node) for p in pending]
+            priors = _priors(tree, env, [p.node for p in pending], evaluator, batch_evaluator)
+            for leaf, evaluation, prior in zip(pending, evaluations, priors):
+                _add_along_path(tree, leaf.node, -1, -leaf.virtual_value)
+                if not tree.expanded(leaf.node):
+                    expand(tree, leaf.node, prior, env.valid_actions(tree.states[leaf.node]))
+                backup(tree, leaf.node, evaluation.value)
+                tracker.record(evaluation)
+                tracker.step()
     targets = [] if target_visits is None else visit_targets(tree, env, min_visits=target_visits)
     return tracker.result("mcts", targets, tree)
 

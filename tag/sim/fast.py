@@ -33,7 +33,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from tag.sim.kernels import list_schedule, tensor_lifetimes, transient_peaks
+from tag.sim import kernels
+from tag.sim.kernels import list_schedule
 from tag.sim.result import SimulationResult, make_result
 from tag.sim.taskgraph import TaskGraph
 
@@ -51,14 +52,10 @@ def schedule(taskgraph: TaskGraph) -> tuple[np.ndarray, np.ndarray]:
 def peak_memory(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray) -> np.ndarray:
     """[D] peak live bytes per device for a schedule (start/finish [T])."""
     tg = taskgraph
-    persistent = tg.tensor_persistent
-    peak = np.bincount(tg.tensor_device[persistent], weights=tg.tensor_bytes[persistent], minlength=tg.num_devices)
     reader_tensor = np.repeat(np.arange(tg.num_tensors), np.diff(tg.consumer_ptr))  # [K] consumer pairs
-    alloc, free = tensor_lifetimes(tg.tensor_producer, tg.lags.alloc, tg.lags.free, reader_tensor, tg.consumer,
-                                   tg.lags.consumer, start, finish)
-    transient = ~persistent
-    return peak + transient_peaks(tg.num_devices, tg.tensor_device[transient], tg.tensor_bytes[transient],
-                                  alloc[transient], free[transient])
+    return kernels.peak_memory(tg.num_devices, tg.tensor_device, tg.tensor_bytes, tg.tensor_persistent,
+                               tg.tensor_producer, tg.lags.alloc, tg.lags.free, reader_tensor, tg.consumer,
+                               tg.lags.consumer, start, finish)
 
 
 def simulate_fast(taskgraph: TaskGraph, *, raise_on_oom: bool = False, feedback: bool = True) -> SimulationResult:

@@ -19,7 +19,7 @@ import numpy as np
 
 from tag.sim.taskgraph import TASK_COMPUTE
 
-__all__ = ["COMPILED", "list_schedule", "successors_csr", "tensor_lifetimes", "transient_peaks", "feedback_sums",
+__all__ = ["COMPILED", "list_schedule", "successors_csr", "tensor_lifetimes", "peak_memory", "feedback_sums",
            "merge_chunks"]
 
 try:  # numba is a dependency; the fallback keeps the package importable where it cannot be installed
@@ -92,6 +92,23 @@ def _heap_pop_root(keys, ids, size):
     return size
 
 
+@_jit
+def _heap_replace_root(keys, ids, size, key, task):
+    """Put (key, task) in place of the root of the heap of ``size`` entries: the root's hole goes down to a
+    leaf along the smaller child, as in :func:`_heap_pop_root`, and (key, task) rises from there. One descent
+    where a pop and a push would take two."""
+    position = 0
+    child = 1
+    while child < size:
+        right_key, left_key = keys[child + 1], keys[child]
+        child += np.int64((right_key < left_key) | ((right_key == left_key) & (ids[child + 1] < ids[child])))
+        keys[position] = keys[child]
+        ids[position] = ids[child]
+        position = child
+        child = 2 * position + 1
+    _sift_up(keys, ids, position, key, task)
+
+
 # ------------------------------------------------------------------------------------------- scheduling
 
 
@@ -117,14 +134,16 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
     # The tasks with no dependency, all keyed 0, come in ascending ids: a sorted stream merged with the heap
     # rather than thousands of entries in it. Keys are never below 0, so the heap's root goes first only when
     # it is keyed 0 with a smaller id.
+    # A task taken from the heap stays at its root until it is scheduled: the first successor it makes ready
+    # takes its place (_heap_replace_root), and only a task that makes none ready is popped.
     sources = np.flatnonzero(waiting == 0)
     head = 0
     size = 0
     while head < sources.size or size > 0:
-        if size > 0 and (head == sources.size or (keys[0] == 0.0 and ids[0] < sources[head])):
+        at_root = size > 0 and (head == sources.size or (keys[0] == 0.0 and ids[0] < sources[head]))
+        if at_root:
             begin = keys[0]
             task = ids[0]
-            size = _heap_pop_root(keys, ids, size)
         else:
             begin = 0.0
             task = sources[head]
@@ -144,7 +163,13 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
                 ready[successor] = release
             waiting[successor] -= 1
             if waiting[successor] == 0:
-                size = _heap_push(keys, ids, size, ready[successor], successor)
+                if at_root:
+                    _heap_replace_root(keys, ids, size, ready[successor], successor)
+                    at_root = False
+                else:
+                    size = _heap_push(keys, ids, size, ready[successor], successor)
+        if at_root:
+            size = _heap_pop_root(keys, ids, size)
     return start, finish
 
 
@@ -221,30 +246,33 @@ def _radix_order(times):
     counts stay in L1) on the IEEE bits of the times rounded to float32 (rounding is monotone, and the
     integer order of the bits of non-negative floats is their numeric order) puts them in order up to runs
     of times that round alike; one insertion pass over the exact times then orders those runs, keeping equal
-    times in their input order."""
+    times in their input order. The three digits are counted in one read of the keys, and a digit that every
+    key shares is skipped (times of one iteration share their top bits)."""
     n = times.size
     keys = (times.astype(np.float32) + np.float32(0.0)).view(np.uint32)  # + 0.0 turns a -0.0 into 0.0
+    counts = np.zeros((3, 2048), dtype=np.int64)
+    mask = np.uint32(0x7FF)
+    for i in range(n):
+        key = keys[i]
+        counts[0, np.int64(key & mask)] += 1
+        counts[1, np.int64((key >> np.uint32(11)) & mask)] += 1
+        counts[2, np.int64((key >> np.uint32(22)) & mask)] += 1
     order = np.arange(n)
     spare = np.empty(n, dtype=np.int64)
-    counts = np.empty(2048, dtype=np.int64)
-    mask = np.uint32(0x7FF)
     for step in range(3):
-        shift = np.uint32(11 * step)
-        counts[:] = 0
-        for i in range(n):
-            counts[np.int64((keys[i] >> shift) & mask)] += 1
-        if n == 0 or counts.max() == n:
+        if n == 0 or counts[step].max() == n:
             continue
+        shift = np.uint32(11 * step)
         total = 0
         for b in range(2048):
-            c = counts[b]
-            counts[b] = total
+            c = counts[step, b]
+            counts[step, b] = total
             total += c
         for i in range(n):
             j = order[i]
             b = np.int64((keys[j] >> shift) & mask)
-            spare[counts[b]] = j
-            counts[b] += 1
+            spare[counts[step, b]] = j
+            counts[step, b] += 1
         order, spare = spare, order
     for i in range(1, n):  # within a run of equal keys: insertion by exact time (strictly greater moves)
         j = order[i]
@@ -258,40 +286,55 @@ def _radix_order(times):
 
 
 @_jit
-def _sweep(num_devices, device, delta, order):
-    """[D] largest running sum of delta [2n] per device, in ``order`` (never below 0)."""
+def peak_memory(num_devices, tensor_device, tensor_bytes, tensor_persistent, producer, alloc_lag, free_lag,
+                reader_tensor, reader_task, reader_lag, start, finish):
+    """[D] peak live bytes per device: the persistent tensors' bytes (summed in tensor order) plus the peak of
+    the transient ones, whose lifetimes are :func:`tensor_lifetimes` (tensors [N] and reads [K] as there),
+    frees before allocations at equal times (the reference's per-instant counting): a sweep of their frees,
+    then their allocations, in a stable order of time."""
+    alloc, free = tensor_lifetimes(producer, alloc_lag, free_lag, reader_tensor, reader_task, reader_lag, start,
+                                   finish)
+    persistent = np.zeros(num_devices)
+    transient = 0
+    for i in range(tensor_device.size):
+        if tensor_persistent[i]:
+            persistent[tensor_device[i]] += tensor_bytes[i]
+        else:
+            transient += 1
+    tensor = np.empty(transient, dtype=np.int64)  # [n] the transient tensors
+    times = np.empty(2 * transient)  # [2n] their frees, then their allocations (a stable sort keeps frees first)
+    j = 0
+    for i in range(tensor_device.size):
+        if not tensor_persistent[i]:
+            tensor[j] = i
+            times[j] = free[i]
+            times[transient + j] = alloc[i]
+            j += 1
+    order = _radix_order(times)
     live = np.zeros(num_devices)
     peak = np.zeros(num_devices)
     for k in range(order.size):
         i = order[k]
-        d = device[i]
-        live[d] += delta[i]
+        t = tensor[i if i < transient else i - transient]
+        d = tensor_device[t]
+        live[d] += -tensor_bytes[t] if i < transient else tensor_bytes[t]
         if live[d] > peak[d]:
             peak[d] = live[d]
-    return peak
-
-
-def transient_peaks(num_devices: int, device: np.ndarray, nbytes: np.ndarray, alloc: np.ndarray,
-                    free: np.ndarray) -> np.ndarray:
-    """[D] peak live bytes of transient tensors (device, nbytes, alloc, free [n]), frees before allocations
-    at equal times (the reference's per-instant counting)."""
-    times = np.concatenate([free, alloc])  # frees first: a stable sort keeps them ahead of equal allocations
-    delta = np.concatenate([-nbytes, nbytes])
-    devices = np.concatenate([device, device])
-    order = _radix_order(times) if COMPILED else np.argsort(times, kind="stable")
-    return _sweep(num_devices, devices, delta, order)
+    return persistent + peak
 
 
 # ------------------------------------------------------------------------------------------- feedback
 
 
 @_jit
-def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res, edge_task, edge_pred, edge_lag,
-                  start, finish):
+def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res, edge_ptr, edge_end, edge_lag,
+                  by_predecessor, start, finish):
     """The sums behind Table 1's feedback, in one pass over tasks, resources and dependencies:
     (first start [G], last finish [G], total wait [G] and count [G] from a compute task's finish to the start
-    of a transfer or collective depending on it, busy seconds [R] of each resource). Dependencies as pairs
-    "edge_task [E] waits for edge_pred [E]", met edge_lag [E] seconds after the predecessor's start."""
+    of a transfer or collective depending on it, busy seconds [R] of each resource). Dependencies as a CSR
+    edge_ptr [T+1] / edge_end [E] over the predecessors (``by_predecessor``: task a's list holds the tasks
+    that wait for it, a successor CSR) or over the dependent tasks (task a's list holds what it waits for),
+    met edge_lag [E] seconds after the predecessor's start (empty: at its finish); summed in CSR order."""
     first = np.full(num_groups, np.inf)
     last = np.full(num_groups, -np.inf)
     for t in range(group.size):
@@ -303,11 +346,12 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
                 last[g] = finish[t]
     wait = np.zeros(num_groups)
     count = np.zeros(num_groups, dtype=np.int64)
-    for k in range(edge_task.size):
-        p, t = edge_pred[k], edge_task[k]
-        if kind[p] == TASK_COMPUTE and kind[t] != TASK_COMPUTE and group[p] >= 0:
-            wait[group[p]] += start[t] - (start[p] + edge_lag[k] if edge_lag.size > 0 else finish[p])
-            count[group[p]] += 1
+    for a in range(edge_ptr.size - 1):
+        for k in range(edge_ptr[a], edge_ptr[a + 1]):
+            p, t = (a, edge_end[k]) if by_predecessor else (edge_end[k], a)
+            if kind[p] == TASK_COMPUTE and kind[t] != TASK_COMPUTE and group[p] >= 0:
+                wait[group[p]] += start[t] - (start[p] + edge_lag[k] if edge_lag.size > 0 else finish[p])
+                count[group[p]] += 1
     busy = np.zeros(num_resources)
     for t in range(group.size):
         for k in range(res_ptr[t], res_ptr[t + 1]):

@@ -109,26 +109,27 @@ def compute_feedback(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray
                      peak_memory: np.ndarray) -> Feedback:
     """Table 1 feedback from a schedule: start/finish [T], peak_memory [D]."""
     tg = taskgraph
-    edge_task = np.repeat(np.arange(tg.num_tasks), np.diff(tg.dep_ptr))  # [E] the dependent task
     return feedback_from_columns(tg.cluster, tg.num_groups, tg.group, tg.kind, tg.duration, tg.res_ptr, tg.res,
-                                 tg.resource_kind, tg.resource_a, tg.resource_b, edge_task, tg.dep, tg.lags.dep, start,
-                                 finish, peak_memory)
+                                 tg.resource_kind, tg.resource_a, tg.resource_b, tg.dep_ptr, tg.dep, tg.lags.dep, start,
+                                 finish, peak_memory, by_predecessor=False)
 
 
 def feedback_from_columns(cluster: Cluster, num_groups: int, group: np.ndarray, kind: np.ndarray,
                           duration: np.ndarray, res_ptr: np.ndarray, res: np.ndarray, resource_kind: np.ndarray,
-                          resource_a: np.ndarray, resource_b: np.ndarray, edge_task: np.ndarray,
-                          edge_pred: np.ndarray, edge_lag: np.ndarray, start: np.ndarray, finish: np.ndarray,
-                          peak_memory: np.ndarray) -> Feedback:
+                          resource_a: np.ndarray, resource_b: np.ndarray, edge_ptr: np.ndarray, edge_end: np.ndarray,
+                          edge_lag: np.ndarray, start: np.ndarray, finish: np.ndarray, peak_memory: np.ndarray, *,
+                          by_predecessor: bool) -> Feedback:
     """Table 1 feedback from the columns of a TaskGraph (see :class:`~tag.sim.taskgraph.TaskGraph`; T
-    tasks, R resources) and a schedule; the dependencies as pairs "edge_task [E] waits for edge_pred [E]" until
-    edge_lag [E] after its start, without duplicates, in any order. The fast evaluator, which builds no
-    TaskGraph, calls it directly."""
+    tasks, R resources) and a schedule; the dependencies, without duplicates, as a CSR edge_ptr [T+1] /
+    edge_end [E] of each task's successors (``by_predecessor``) or predecessors, met edge_lag [E] after the
+    predecessor's start (empty: at its finish). The fast evaluator, which builds no TaskGraph, calls it
+    directly with its successor CSR."""
     d, g = cluster.num_devices, num_groups
     makespan = float(finish.max()) if len(finish) else 0.0
 
     first, last, total, count, resource_busy = feedback_sums(g, len(resource_kind), group, kind, duration, res_ptr,
-                                                             res, edge_task, edge_pred, edge_lag, start, finish)
+                                                             res, edge_ptr, edge_end, edge_lag, by_predecessor, start,
+                                                             finish)
     group_makespan = np.where(np.isfinite(first), last - first, 0.0)
     group_output_idle = np.divide(total, count, out=np.zeros(g), where=count > 0)
     resource_idle = _idle(resource_busy, makespan)
