@@ -4,10 +4,10 @@ For each topology family (2D mesh, 2D torus, random_blk_1, random_blk_2, uniform
 and pipeline shape (S, D/S): cut a zoo model into S stages (PipeDream-style contiguous DP at R = D/S,
 M = min(S, batch/R) micro-batches), build the Parmesan mapping problem (seconds per iteration), and place
 it with every mapper: the exact solver (binary search + DFS, with a time limit), the learned mapper (the
-mapping GNN's priors and greedy fill on tag.search.MappingEnv, ``--learned-iterations`` MCTS leaves after
-the greedy decode; the shipped checkpoints/tag-mapper.pt, trained on other models and topology seeds),
-pure MCTS (uniform priors), CS map and p2p map. Gap = (t − bound) / t against the exact solver's bound: the optimum when it
-was proven, else its best lower bound.
+mapping GNN's priors and greedy fill on tag.search.MappingEnv, up to ``--learned-iterations`` MCTS leaves
+after the greedy decode, none when it meets the quick lower bound; the shipped checkpoints/tag-mapper.pt,
+trained on other models and topology seeds), pure MCTS (uniform priors), CS map and p2p map. Gap =
+(t − bound) / t against the exact solver's bound: the optimum when it was proven, else its best lower bound.
 
 Writes a markdown report and two plots (median gap and median solve time against devices) and prints the
 tables; the last line of stdout is one JSON object of every figure.
@@ -149,7 +149,7 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds for the exact solver and MCTS each")
     parser.add_argument("--mcts-iterations", type=int, default=1000)
-    parser.add_argument("--learned-iterations", type=int, default=32, help="MCTS leaves after the greedy decode")
+    parser.add_argument("--learned-iterations", type=int, default=32, help="most MCTS leaves after the greedy decode")
     parser.add_argument("--policy", type=Path, help="mapping GNN checkpoint (default: checkpoints/tag-mapper.pt)")
     parser.add_argument("--out", type=Path, default=Path("docs/compare_mappers"), help="report path prefix")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")

@@ -6,7 +6,7 @@ run. ``--ship PATH`` copies the best policy (least mean validation gap; without 
 e.g. the shipped ``checkpoints/tag-mapper.pt``. The last line of stdout is one JSON object of the run's figures.
 
     .venv/bin/python scripts/train_mapper.py [--out runs/mapper] [--instances 600] [--epochs 30]
-        [--resume] [--ship checkpoints/tag-mapper.pt] [--json]
+        [--hidden 64] [--heads 4] [--layers 3] [--resume] [--ship checkpoints/tag-mapper.pt] [--json]
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.table import Table
 
 from tag.errors import TagError
-from tag.policy.mapping import load_mapping_policy, save_mapping_policy
+from tag.policy.mapping import MappingPolicyConfig, load_mapping_policy, save_mapping_policy
 from tag.training.mapper import MapperTrainConfig, train_mapper
 
 
@@ -36,13 +36,20 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--exact-time-limit", type=float, default=defaults.exact_time_limit)
+    parser.add_argument("--hidden", type=int, default=defaults.policy.hidden, help="width of the GNN's embeddings")
+    parser.add_argument("--heads", type=int, default=defaults.policy.heads, help="attention heads per GATv2 layer")
+    parser.add_argument("--layers", type=int, default=defaults.policy.num_layers, help="message-passing layers")
     parser.add_argument("--resume", action="store_true")
     parser.add_argument("--ship", type=Path, help="write the best policy (no optimizer state) here")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args()
     torch.set_num_threads(1)
+    try:
+        policy = MappingPolicyConfig(hidden=args.hidden, heads=args.heads, num_layers=args.layers)
+    except TagError as exc:
+        parser.error(str(exc))
     config = MapperTrainConfig(instances=args.instances, validation=args.validation, epochs=args.epochs,
-                               seed=args.seed, exact_time_limit=args.exact_time_limit)
+                               seed=args.seed, exact_time_limit=args.exact_time_limit, policy=policy)
     console = Console(stderr=True)
     start = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

@@ -21,6 +21,7 @@ from tag.policy.mapping import (
     imitation_loss,
     learned_mapping,
     load_mapping_policy,
+    numpy_tables,
     save_mapping_policy,
     shipped_mapping_checkpoint,
     teacher_forced_logits,
@@ -56,7 +57,7 @@ def _instance(problem: MappingProblem, mode: str) -> tuple[MappingEnv, MappingIn
 
 
 @pytest.mark.parametrize("mode,cluster,latency", [(P2P, "mesh2d:2x4", False), (ALLREDUCE, "uniform-dist:8,seed=3", True),
-                                                  (P2P, "tag-random:seed=3", True)])
+                                                  (P2P, "tag-random:seed=3", True), (ALLREDUCE, "mesh2d:4x4", True)])
 def test_teacher_forcing_equals_the_step_by_step_decoder(mode, cluster, latency):
     """Training's vectorised logits (torch) are the search's per-step logits (numpy), step for step."""
     torch.manual_seed(0)
@@ -65,6 +66,8 @@ def test_teacher_forcing_equals_the_step_by_step_decoder(mode, cluster, latency)
     problem = _problem(1, stages, devices // stages, cluster, latency=latency)
     env, instance = _instance(problem, mode)
     policy = MappingPolicy(SMALL)
+    with torch.no_grad():
+        policy.crowding.fill_(-0.7)  # its trained sign: prefer devices whose near links are taken
     decoder = MappingDecoder(policy, instance)
     target = np.random.default_rng(2).permutation(devices)[:instance.num_slots]
     with torch.no_grad():
@@ -75,6 +78,48 @@ def test_teacher_forcing_equals_the_step_by_step_decoder(mode, cluster, latency)
         free[target[:k]] = False
         np.testing.assert_allclose(forced[k, free], step[free], rtol=1e-4, atol=1e-4)
         assert (forced[k, ~free] < -1e8).all() and (step[~free] < -1e8).all()
+
+
+def test_return_cost_is_the_cheapest_way_back_to_replica_0():
+    """One stage, a ring of R = 4 on 5 devices, hop seconds 1 (bandwidth 4), 2 (bandwidth 2) or 4
+    (bandwidth 1) by hand: replica r's return cost is the least largest hop of a path of at most 4 − r
+    hops from each device back to replica 0's device 0."""
+    bandwidth = np.ones((5, 5))
+    for i, j, width in ((0, 1, 4), (1, 2, 4), (2, 3, 4), (3, 4, 2)):
+        bandwidth[i, j] = bandwidth[j, i] = width
+    problem = MappingProblem(np.array([1.0]), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
+                             np.zeros(0), np.array([4.0 / 1.5]), 4, bandwidth)  # 2(R−1)/R · P = 4 bytes
+    instance = MappingInstance.build(problem, ALLREDUCE, [0, 0, 0, 0], [0, 1, 2, 3])
+    assert instance.ring_start.tolist() == [-1, 0, 0, -1]  # replica 3 pays its closing hop exactly
+    seconds = instance.return_costs([0, 1, 2, 3]) * instance.scale
+    np.testing.assert_allclose(seconds[1], [1, 1, 1, 1, 4])  # ≤ 3 hops: 0-1-2-3 all at 1 s; 4 needs a 2 s or 4 s hop
+    np.testing.assert_allclose(seconds[2], [1, 1, 1, 4, 4])  # ≤ 2 hops: device 3 is 3 hops away at 1 s
+    assert not seconds[[0, 3]].any()
+    # the decoder sees the same return cost: with only β₃ on, a logit is −relu(c + max(P, ret) − T)
+    policy = MappingPolicy(SMALL)
+    decoder = MappingDecoder(policy, instance)
+    decoder.beta = np.array([0.0, 0.0, 0.0, 1.0, 0.0])
+    decoder.static[:] = 0.0
+    decoder.edge_weight[:] = 0.0
+    logits = decoder.logits([0, 1])
+    ring = np.maximum(seconds[2], 4.0 / bandwidth[1]) / instance.scale  # max(P, ret), P = the hop from device 1
+    before = problem.compute_time()[0, 0] / instance.scale + 1.0 / instance.scale  # T after replica 1
+    expected = -np.maximum(problem.compute_time()[0] / instance.scale + ring - before, 0.0)
+    np.testing.assert_allclose(logits[2:], expected[2:])
+
+
+@pytest.mark.parametrize("cluster,mode", [("random-blk-2:16,seed=1", ALLREDUCE), ("tag-random:seed=3", P2P)])
+def test_numpy_tables_equal_the_torch_forward(cluster, mode):
+    """The inference path (numpy) computes the network's forward pass (torch)."""
+    torch.manual_seed(0)
+    devices = resolve_cluster(cluster).num_devices
+    problem = _problem(6, 4, devices // 4, cluster, latency=True)
+    _, instance = _instance(problem, mode)
+    policy = MappingPolicy(SMALL)
+    with torch.no_grad():
+        expected = policy(instance)
+    for name, a, b in zip(expected._fields, expected, numpy_tables(policy, instance)):
+        np.testing.assert_allclose(b, a.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
 
 
 def test_the_network_is_equivariant_to_relabelling_devices():
@@ -99,9 +144,16 @@ def test_greedy_completion_and_fill_extend_the_state():
     torch.manual_seed(0)
     problem = _problem(4, 4, 2, "mesh2d:2x4")
     env, instance = _instance(problem, P2P)
-    decoder = MappingDecoder(MappingPolicy(SMALL), instance)
+    policy = MappingPolicy(SMALL)
+    with torch.no_grad():
+        policy.crowding.fill_(-0.7)
+    decoder = MappingDecoder(policy, instance)
     full = decoder.complete([5, 2])
     assert full[:2] == [5, 2] and sorted(full) == list(range(8))
+    prefix = [5, 2]  # the fill is the step-by-step argmax of the logits (its crowding updated in place)
+    while len(prefix) < instance.num_slots:
+        prefix.append(int(np.argmax(np.round(decoder.logits(prefix), 6))))
+    assert full == prefix
     env.fill = decoder.complete
     mapping = env.mapping((5, 2))
     assert mapping[env.slot_stage[0], env.slot_replica[0]] == 5
@@ -118,6 +170,18 @@ def test_learned_mapper_is_valid_and_never_worse_than_cs(mode):
     mapping = learned_mapping(problem, MappingPolicy(SMALL), instantiation=mode, iterations=8)
     assert mapping.shape == (4, 4) and sorted(mapping.reshape(-1).tolist()) == list(range(16))
     assert max_stage_time(problem, mapping, mode) <= max_stage_time(problem, cs_map(problem), mode) + 1e-12
+
+
+def test_learned_mapper_skips_the_search_when_the_greedy_decode_meets_the_bound(monkeypatch):
+    """Equal links and one GPU type: every mapping meets the quick lower bound, so no MCTS runs."""
+    import tag.search
+
+    problem = MappingProblem(np.array([1.0, 2.0]), np.array([0]), np.array([1]), np.array([1e8]),
+                             np.array([1e9, 1e9]), 3, np.full((6, 6), 1e10))
+    monkeypatch.setattr(tag.search, "mcts_search", lambda *args, **kwargs: pytest.fail("the search ran"))
+    for mode in (P2P, ALLREDUCE):
+        mapping = learned_mapping(problem, MappingPolicy(SMALL), instantiation=mode)
+        assert sorted(mapping.reshape(-1).tolist()) == list(range(6))
 
 
 def test_imitation_lowers_the_loss_on_exact_targets():

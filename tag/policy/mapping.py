@@ -17,19 +17,25 @@ GATv2 layers per edge type (``h ← h + ELU(GAT(h))``). It runs once per problem
 - ``static`` [K, D]: a dense layer, ELU and a dense layer over E_slot[k] + E_dev[d] + w·compute(k, d);
 - ``affinity`` [D, D]: (Q E_dev[x]) · (K E_dev[d]) / √f, "d suits a slot whose neighbour sits on x";
 - ``edge_weight`` [E]: how much each slot edge's affinity counts (a small MLP of both ends and the edge);
-- ``beta`` [3]: positive weights of the physical terms below.
+- ``beta`` [5]: positive weights of the physical terms below.
 
 **Decoder.** Slot k's logits over the devices, given the devices of the slots decided before it:
 
     logit[d] = static[k, d] + Σ_{e=(j,k), j<k} w_e · affinity[dev_j, d]
                − β₀ · P[d] − β₁ · relu(c[k, d] + P[d] − T) − β₂ · relu(c[k, d] + P[d] − 1)
+               − β₃ · relu(c[k, d] + A[d] − T) − β₄ · relu(c[k, d] + A[d] − 1)
 
-where P[d] = Σ_e cost_e(dev_j, d) is what the decided neighbours' links would add to slot k's stage time
-under the objective's instantiation (eq. 6 or 7 summed per edge), c its compute and T the largest such
-"time at placement" among the earlier slots: the network learns where to go, the physical terms keep a
-bottleneck objective in view. Used devices are masked. The decoder is numpy, O(degree · D) per step, so
-one forward pass serves a whole search; :func:`teacher_forced_logits` computes the same logits for every
-step of a given mapping at once in torch, for training (a test holds the two equal).
+where P[d] is what the decided neighbours' links would add to slot k's stage time under the objective's
+instantiation (eq. 6: the sum of the transfers; eq. 7: the ring's slowest hop so far), c its compute and
+T the largest such "time at placement" among the earlier slots: the network learns where to go, the
+physical terms keep a bottleneck objective in view. A[d] = max(P[d], ret[d]) looks ahead along an
+all-reduce ring: the greedy decode learns of a ring's closing hop only at its last replica, so replica
+1 ≤ r ≤ R−2 also sees its *return cost* ret[d], the least largest hop of a path of at most R − r hops
+from d back to replica 0's device through devices that were free when replica 0 was placed (a
+bottleneck Bellman–Ford per ring, :meth:`MappingInstance.closing_table`); elsewhere A = P. Used devices
+are masked. The decoder is numpy, O(degree · D) per step plus O(R · D²) per ring, so one forward pass
+serves a whole search; :func:`teacher_forced_logits` computes the same logits for every step of a given
+mapping at once in torch, for training (a test holds the two equal).
 """
 
 from __future__ import annotations
@@ -56,18 +62,23 @@ from tag.policy.errors import PolicyError
 
 __all__ = [
     "MappingPolicyConfig", "MappingPolicy", "MappingInstance", "DecoderTables", "MappingDecoder",
-    "teacher_forced_logits", "imitation_loss", "quick_lower_bound", "save_mapping_policy", "load_mapping_policy",
-    "MappingCheckpoint", "MAPPING_FEATURE_VERSION", "SLOT_FEATURES", "DEVICE_FEATURES", "learned_mapping",
-    "resolve_mapping_policy", "shipped_mapping_checkpoint", "DEFAULT_MAPPER_ITERATIONS",
+    "teacher_forced_logits", "numpy_tables", "imitation_loss", "quick_lower_bound", "save_mapping_policy",
+    "load_mapping_policy", "MappingCheckpoint", "MAPPING_FEATURE_VERSION", "SLOT_FEATURES", "DEVICE_FEATURES",
+    "learned_mapping", "resolve_mapping_policy", "shipped_mapping_checkpoint", "DEFAULT_MAPPER_ITERATIONS",
 ]
 
-MAPPING_FEATURE_VERSION = 1
+MAPPING_FEATURE_VERSION = 2
 SLOT_FEATURES = 10
 DEVICE_FEATURES = 8
 SLOT_EDGE_FEATURES = 4
 DEVICE_EDGE_FEATURES = 3
 DEVICE_NEIGHBOURS = 8  # device edges: each device's widest links
+NEAR_WIDEST = 0.75  # a link this close to a device's widest counts towards its crowding (module docstring)
 P2P_EDGE, RING_EDGE = 0, 1
+NUM_BETAS = 5  # weights of the decoder's physical terms (module docstring)
+_FAR = 1e3  # a return cost with no path (in scale units: a thousand times the lower bound)
+_TIE_DECIMALS = 6  # greedy logits equal to this many decimals are a tie: symmetric devices (a mesh's mirror
+# images) score equal up to float rounding, which would otherwise pick among them by the order of additions
 _MASKED = -1e9  # logit of a used device (finite, so that training never sees inf − inf)
 
 CHECKPOINT_FORMAT = "tag.mapping-policy"
@@ -117,7 +128,11 @@ class MappingInstance:
     edge_coef: np.ndarray  # [E] bytes over the link per iteration: M(s, s') or 2(R−1)/R · P(s)
     edge_latency_mult: np.ndarray  # [E] latencies the edge pays: 1, or 2(R−1) for a ring hop
     edge_counted: np.ndarray  # [E] bool: the objective's instantiation counts it
+    ring_start: np.ndarray  # [K] int64 slot of the same stage's replica 0 where the look-ahead applies, else -1
+    hops_left: np.ndarray  # [K] int64 R − r: the ring hops from slot k's device back to replica 0
+    ring_coef: np.ndarray  # [K] bytes of one ring hop of the slot's stage, 2(R−1)/R · P(s) (0: no ring)
     inv_bandwidth: np.ndarray  # [D, D] 1 / bytes/s, 0 on the diagonal
+    near_share: np.ndarray  # [D, D] row d: 1 / n_d on d's n_d near-widest links (≥ NEAR_WIDEST of its widest)
     latency: np.ndarray  # [D, D] seconds
     slot_x: np.ndarray  # [K, SLOT_FEATURES]
     device_x: np.ndarray  # [D, DEVICE_FEATURES]
@@ -169,6 +184,10 @@ class MappingInstance:
         ends_arr = np.sort(np.asarray(ends, dtype=np.int64).reshape(-1, 2), axis=1)
         edge_kind = np.asarray(kinds, dtype=np.int64)
         counted = edge_kind == (P2P_EDGE if instantiation == P2P else RING_EDGE)
+        ring_coef = 2.0 * (replicas - 1) / replicas * problem.param_bytes[slot_stage].astype(np.float64)  # [K]
+        looks_ahead = ((instantiation == ALLREDUCE) & (ring_coef > 0) & (slot_replica >= 1)
+                       & (slot_replica <= replicas - 2))
+        ring_start = np.where(looks_ahead, slot_of[slot_stage, 0], -1)
 
         off = ~np.eye(devices, dtype=bool)
         bandwidth = problem.bandwidth
@@ -204,6 +223,8 @@ class MappingInstance:
             device_x[:, 5] = np.where(off, problem.latency, 0.0).sum(axis=1) / (devices - 1) / scale
             device_x[:, 7] = (widths >= 0.5 * widths[:, :1]).mean(axis=1)
         device_x[:, 6] = math.log2(devices) / 8.0
+        near = off & (bandwidth >= NEAR_WIDEST * widths[:, :1])  # [D, D]
+        near_share = near / np.maximum(near.sum(axis=1, keepdims=True), 1)
 
         neighbours = min(DEVICE_NEIGHBOURS, devices - 1)
         if neighbours > 0:
@@ -219,7 +240,8 @@ class MappingInstance:
             device_edge_attr = np.zeros((0, DEVICE_EDGE_FEATURES))
         return cls(problem, instantiation, scale, slot_stage, slot_replica, compute, ends_arr[:, 0].copy(),
                    ends_arr[:, 1].copy(), edge_kind, edge_coef, np.asarray(mults, dtype=np.float64), counted,
-                   inv_bandwidth, problem.latency.copy(), slot_x, device_x, device_edge_index, device_edge_attr)
+                   ring_start, replicas - slot_replica, ring_coef, inv_bandwidth, near_share, problem.latency.copy(), slot_x,
+                   device_x, device_edge_index, device_edge_attr)
 
     @classmethod
     def from_env(cls, env: Any) -> MappingInstance:
@@ -240,6 +262,52 @@ class MappingInstance:
             return np.zeros(self.num_devices)
         return (self.edge_latency_mult[edge] * self.latency[device]
                 + self.edge_coef[edge] * self.inv_bandwidth[device]) / self.scale
+
+    def hop_cost(self, slot: int) -> np.ndarray:
+        """[D, D] what one ring hop between two devices adds to slot ``slot``'s stage, over the scale; ∞ on
+        the diagonal (a hop joins two devices)."""
+        replicas = self.problem.num_replicas
+        cost = (2.0 * (replicas - 1) * self.latency + self.ring_coef[slot] * self.inv_bandwidth) / self.scale
+        np.fill_diagonal(cost, np.inf)
+        return cost
+
+    def closing_table(self, slot: int, devices: Sequence[int]) -> np.ndarray:
+        """[R − 1, D] for the ring of look-ahead slot ``slot``, its replica 0 on ``devices[ring_start]``:
+        row h − 1 is the least largest hop of a path of at most h hops from replica 0's device to each
+        device through devices free when replica 0 was placed (a bottleneck Bellman–Ford). Row R − r − 1 is
+        then the cheapest the rest of the ring can close from a device of replica r: its *return cost*."""
+        first = int(self.ring_start[slot])
+        hop = self.hop_cost(slot)
+        inner = np.ones(self.num_devices, dtype=bool)
+        inner[list(devices[:first + 1])] = False
+        table = _bottleneck_paths(hop, int(devices[first]), inner, self.problem.num_replicas - 1)
+        return np.minimum(table, _FAR)
+
+    def return_costs(self, devices: Sequence[int]) -> np.ndarray:
+        """[K, D] the return cost of every look-ahead slot k under the mapping ``devices`` [K] (0 for the
+        other slots); row k depends on ``devices[:k]`` only."""
+        out = np.zeros((self.num_slots, self.num_devices))
+        for first in np.unique(self.ring_start[self.ring_start >= 0]).tolist():
+            rows = np.flatnonzero(self.ring_start == first)
+            table = self.closing_table(int(rows[0]), devices)
+            out[rows] = table[self.hops_left[rows] - 1]
+        return out
+
+
+def _bottleneck_paths(hop: np.ndarray, start: int, inner: np.ndarray, hops: int) -> np.ndarray:
+    """[hops, D] row h − 1: min over paths of at most h hops from ``start`` to each device, with inner
+    devices where ``inner`` [D] is True, of the path's largest ``hop`` [D, D] cost."""
+    best = hop[start].copy()  # [D]
+    table = np.empty((hops, len(best)))
+    table[0] = best
+    via = hop[inner]  # [A, D]
+    for h in range(1, hops):
+        longer = np.minimum(best, np.maximum(best[inner][:, None], via).min(axis=0, initial=np.inf))
+        if np.array_equal(longer, best):  # converged: more hops find nothing cheaper
+            table[h:] = best
+            break
+        best = table[h] = longer
+    return table
 
 
 # --------------------------------------------------------------------------------------- the network
@@ -270,12 +338,14 @@ class MappingPolicyConfig:
 
 
 class DecoderTables(NamedTuple):
-    """What one forward pass gives the decoder (torch tensors; numpy in :class:`MappingDecoder`)."""
+    """What one forward pass gives the decoder: torch tensors from :meth:`MappingPolicy.forward`, numpy
+    arrays from :func:`numpy_tables`."""
 
     static: Tensor  # [K, D]
     affinity: Tensor  # [D, D]
     edge_weight: Tensor  # [E]
-    beta: Tensor  # [3] positive
+    beta: Tensor  # [NUM_BETAS] positive
+    crowding: Tensor  # [] weight of the share of a device's near links still free
 
 
 class MappingPolicy(nn.Module):
@@ -298,7 +368,8 @@ class MappingPolicy(nn.Module):
         self.query = nn.Linear(f, f, bias=False)
         self.key = nn.Linear(f, f, bias=False)
         self.edge_mlp = nn.Sequential(nn.Linear(2 * f + SLOT_EDGE_FEATURES, f), nn.ELU(), nn.Linear(f, 1))
-        self.beta_raw = nn.Parameter(torch.zeros(3))
+        self.beta_raw = nn.Parameter(torch.zeros(NUM_BETAS))
+        self.crowding = nn.Parameter(torch.zeros(()))
 
     def forward(self, instance: MappingInstance) -> DecoderTables:
         slot_x = torch.as_tensor(instance.slot_x, dtype=torch.float32)
@@ -326,7 +397,69 @@ class MappingPolicy(nn.Module):
         a, b = h_slot[ends[0]], h_slot[ends[1]]
         edge_weight = self.edge_mlp(torch.cat([a + b, a * b, edge_attr], dim=1)).squeeze(-1)  # [E]
         beta = F.softplus(self.beta_raw) + 0.1  # bounded away from 0: the physical terms always count
-        return DecoderTables(static, affinity, edge_weight, beta)
+        return DecoderTables(static, affinity, edge_weight, beta, self.crowding)
+
+
+def numpy_tables(policy: MappingPolicy, instance: MappingInstance) -> DecoderTables:
+    """:meth:`MappingPolicy.forward` in numpy (float32), for inference: the same tables as numpy arrays
+    without torch's and PyG's per-call overhead, which dominates at the sizes a mapper sees (a test holds
+    the two equal)."""
+    weights = {name: value.detach().numpy() for name, value in policy.state_dict().items()}
+
+    def linear(name: str, x: np.ndarray) -> np.ndarray:
+        out = x @ weights[f"{name}.weight"].T
+        bias = weights.get(f"{name}.bias")
+        return out if bias is None else out + bias
+
+    ends = np.stack([instance.edge_a, instance.edge_b])  # [2, E]
+    slot_index = np.concatenate([ends, ends[::-1]], axis=1)
+    edge_attr = instance.slot_edge_attr().astype(np.float32)  # [E, 4]
+    slot_attr = np.concatenate([edge_attr, edge_attr])
+    device_attr = instance.device_edge_attr.astype(np.float32)
+    h_slot = _elu(linear("slot_in", instance.slot_x.astype(np.float32)))  # [K, f]
+    h_dev = _elu(linear("device_in", instance.device_x.astype(np.float32)))  # [D, f]
+    for layer in range(policy.config.num_layers):
+        if slot_index.shape[1]:
+            h_slot = h_slot + _elu(_gatv2(weights, f"slot_layers.{layer}", policy.config.heads, h_slot, slot_index,
+                                          slot_attr))
+        if instance.device_edge_index.shape[1]:
+            h_dev = h_dev + _elu(_gatv2(weights, f"device_layers.{layer}", policy.config.heads, h_dev,
+                                        instance.device_edge_index, device_attr))
+    compute = instance.compute.astype(np.float32)  # [K, D]
+    hidden = (linear("pair_slot", h_slot)[:, None, :] + linear("pair_device", h_dev)[None, :, :]
+              + compute[:, :, None] * weights["pair_compute"])  # [K, D, f]
+    static = linear("pair_out", _elu(hidden))[..., 0]  # [K, D]
+    affinity = linear("query", h_dev) @ linear("key", h_dev).T / np.float32(math.sqrt(policy.config.hidden))
+    a, b = h_slot[ends[0]], h_slot[ends[1]]
+    edge_hidden = _elu(linear("edge_mlp.0", np.concatenate([a + b, a * b, edge_attr], axis=1)))
+    edge_weight = linear("edge_mlp.2", edge_hidden)[:, 0]  # [E]
+    beta = np.logaddexp(0.0, weights["beta_raw"]) + 0.1  # softplus, as in forward
+    return DecoderTables(static, affinity, edge_weight, beta, weights["crowding"])
+
+
+def _elu(x: np.ndarray) -> np.ndarray:
+    return np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
+
+
+def _gatv2(weights: dict[str, np.ndarray], name: str, heads: int, x: np.ndarray, index: np.ndarray,
+           attr: np.ndarray) -> np.ndarray:
+    """PyG's GATv2Conv (no self-loops, heads concatenated) on ``x`` [N, f] over ``index`` [2, E] (source,
+    target) with ``attr`` [E, F]: attention softmaxed over each target's incoming edges."""
+    num_nodes = len(x)
+    x_l = (x @ weights[f"{name}.lin_l.weight"].T + weights[f"{name}.lin_l.bias"]).reshape(num_nodes, heads, -1)
+    x_r = (x @ weights[f"{name}.lin_r.weight"].T + weights[f"{name}.lin_r.bias"]).reshape(num_nodes, heads, -1)
+    source, target = index
+    message = x_l[source]  # [E, H, C]
+    e = message + x_r[target] + (attr @ weights[f"{name}.lin_edge.weight"].T).reshape(len(source), heads, -1)
+    score = (np.where(e > 0, e, 0.2 * e) * weights[f"{name}.att"]).sum(axis=-1)  # [E, H]
+    top = np.full((num_nodes, heads), -np.inf, dtype=score.dtype)
+    np.maximum.at(top, target, score)
+    alpha = np.exp(score - top[target])
+    total = np.zeros((num_nodes, heads), dtype=score.dtype)
+    np.add.at(total, target, alpha)
+    out = np.zeros_like(x_l)
+    np.add.at(out, target, message * (alpha / total[target])[..., None])
+    return out.reshape(num_nodes, -1) + weights[f"{name}.bias"]
 
 
 def teacher_forced_logits(tables: DecoderTables, instance: MappingInstance, devices: Sequence[int]) -> Tensor:
@@ -341,20 +474,27 @@ def teacher_forced_logits(tables: DecoderTables, instance: MappingInstance, devi
     cost = ((torch.as_tensor(instance.edge_latency_mult)[:, None] * torch.as_tensor(instance.latency)[src]
              + torch.as_tensor(instance.edge_coef)[:, None] * torch.as_tensor(instance.inv_bandwidth)[src])
             * (counted / instance.scale)[:, None])  # [E, D]
-    added = torch.zeros(num_slots, num_devices, dtype=torch.float64).index_add(0, b, cost)  # P [K, D]
+    ring = torch.as_tensor(instance.edge_kind == RING_EDGE)
+    added = (torch.zeros(num_slots, num_devices, dtype=torch.float64).index_add(0, b[~ring], cost[~ring])
+              + torch.zeros(num_slots, num_devices, dtype=torch.float64).scatter_reduce(
+                 0, b[ring][:, None].expand(-1, num_devices), cost[ring], "amax"))  # P [K, D]
     pull = torch.zeros(num_slots, num_devices, dtype=tables.affinity.dtype).index_add(
         0, b, tables.edge_weight[:, None] * tables.affinity[src])  # [K, D]
-    partial = torch.as_tensor(instance.compute) + added  # [K, D]
+    compute = torch.as_tensor(instance.compute)
+    partial = compute + added  # [K, D]
+    ahead = compute + torch.maximum(added, torch.as_tensor(instance.return_costs(devices)))  # [K, D]
     placed = partial[torch.arange(num_slots), dev]  # [K] time of each slot when it was placed
     running = torch.cummax(placed, dim=0).values
-    before = torch.cat([torch.zeros(1, dtype=running.dtype), running[:-1]])  # T of step k
+    before = torch.cat([torch.zeros(1, dtype=running.dtype), running[:-1]])[:, None]  # T of step k
     beta = tables.beta
     logits = (tables.static + pull - beta[0] * added.float()
-              - beta[1] * F.relu(partial - before[:, None]).float() - beta[2] * F.relu(partial - 1.0).float())
+              - beta[1] * F.relu(partial - before).float() - beta[2] * F.relu(partial - 1.0).float()
+              - beta[3] * F.relu(ahead - before).float() - beta[4] * F.relu(ahead - 1.0).float())
     position = torch.full((num_devices,), num_slots, dtype=torch.long)
     position[dev] = torch.arange(num_slots)
     used = position[None, :] < torch.arange(num_slots)[:, None]  # [K, D] device taken before step k
-    return logits.masked_fill(used, _MASKED)
+    crowd = (~used).double() @ torch.as_tensor(instance.near_share).T  # [K, D]
+    return (logits + tables.crowding * crowd.float()).masked_fill(used, _MASKED)
 
 
 def imitation_loss(tables: DecoderTables, instance: MappingInstance, devices: Sequence[int]) -> Tensor:
@@ -370,32 +510,54 @@ class MappingDecoder:
     """Priors and greedy completions for a :class:`~tag.search.MappingEnv` from one forward pass."""
 
     def __init__(self, policy: MappingPolicy, instance: MappingInstance) -> None:
-        with torch.no_grad():
-            tables = policy(instance)
+        tables = numpy_tables(policy, instance)
         self.instance = instance
-        self.static = tables.static.double().numpy()  # [K, D]
-        self.affinity = tables.affinity.double().numpy()  # [D, D]
-        self.edge_weight = tables.edge_weight.double().numpy()  # [E]
-        self.beta = tables.beta.double().numpy()  # [3]
-        earlier: list[list[tuple[int, int]]] = [[] for _ in range(instance.num_slots)]
+        self.static = tables.static.astype(np.float64)  # [K, D]
+        self.affinity = tables.affinity.astype(np.float64)  # [D, D]
+        self.edge_weight = tables.edge_weight.astype(np.float64)  # [E]
+        self.beta = tables.beta.astype(np.float64)  # [NUM_BETAS]
+        self.crowding = float(tables.crowding)
+        earlier: list[list[tuple[int, int, bool, bool]]] = [[] for _ in range(instance.num_slots)]
         for e, (a, b) in enumerate(zip(instance.edge_a.tolist(), instance.edge_b.tolist())):
-            earlier[b].append((e, a))
-        self._earlier = earlier  # per slot: (edge, earlier slot)
+            earlier[b].append((e, a, bool(instance.edge_kind[e] == RING_EDGE), bool(instance.edge_counted[e])))
+        self._earlier = earlier  # per slot: (edge, earlier slot, a ring hop, counted by the objective)
         self._before: dict[tuple[int, ...], float] = {(): 0.0}  # decided prefix -> T after it
+        self._closing: dict[tuple[int, ...], np.ndarray] = {}  # prefix up to a ring's replica 0 -> its table
 
     def _step(self, k: int, devices: Sequence[int], before: float) -> tuple[np.ndarray, np.ndarray]:
         """(logits [D] unmasked, partial time [D]) of slot k with slots < k on ``devices``."""
         inst = self.instance
         logits = self.static[k].copy()
-        added = np.zeros(inst.num_devices)
-        for e, a in self._earlier[k]:
+        added = np.zeros(inst.num_devices)  # P: one slot has counted edges of one kind only
+        for e, a, is_ring, counted in self._earlier[k]:
             x = devices[a]
             logits += self.edge_weight[e] * self.affinity[x]
-            added += inst.edge_cost(e, x)
+            if not counted:
+                continue
+            if is_ring:  # eq. (7): the ring's slowest hop
+                np.maximum(added, inst.edge_cost(e, x), out=added)
+            else:  # eq. (6): every transfer
+                added += inst.edge_cost(e, x)
         partial = inst.compute[k] + added
-        logits -= (self.beta[0] * added + self.beta[1] * np.maximum(partial - before, 0.0)
-                   + self.beta[2] * np.maximum(partial - 1.0, 0.0))
+        beta = self.beta
+        logits -= beta[0] * added
+        if inst.ring_start[k] < 0:  # A = P: the look-ahead terms add to the plain ones
+            logits -= ((beta[1] + beta[3]) * np.maximum(partial - before, 0.0)
+                       + (beta[2] + beta[4]) * np.maximum(partial - 1.0, 0.0))
+        else:
+            ahead = inst.compute[k] + np.maximum(added, self._return_cost(k, devices))
+            logits -= (beta[1] * np.maximum(partial - before, 0.0) + beta[2] * np.maximum(partial - 1.0, 0.0)
+                       + beta[3] * np.maximum(ahead - before, 0.0) + beta[4] * np.maximum(ahead - 1.0, 0.0))
         return logits, partial
+
+    def _return_cost(self, k: int, devices: Sequence[int]) -> np.ndarray:
+        """[D] look-ahead slot k's return cost; one closing table per ring start, memoised by its prefix."""
+        first = int(self.instance.ring_start[k])
+        key = tuple(devices[:first + 1])
+        table = self._closing.get(key)
+        if table is None:
+            table = self._closing[key] = self.instance.closing_table(k, devices)
+        return table[self.instance.hops_left[k] - 1]
 
     def _running_time(self, devices: Sequence[int]) -> float:
         """T after the decided slots: the largest time at placement among them. Memoised per prefix: a
@@ -411,6 +573,9 @@ class MappingDecoder:
     def logits(self, devices: Sequence[int]) -> np.ndarray:
         """[D] logits of the next slot after ``devices`` (used devices masked), as in training."""
         logits, _ = self._step(len(devices), devices, self._running_time(devices))
+        free = np.ones(self.instance.num_devices)
+        free[list(devices)] = 0.0
+        logits += self.crowding * (self.instance.near_share @ free)
         logits[list(devices)] = _MASKED
         return logits
 
@@ -431,11 +596,14 @@ class MappingDecoder:
         free = np.ones(self.instance.num_devices, dtype=bool)
         free[out] = False
         before = self._running_time(out)
+        crowd = self.instance.near_share @ free  # [D] share of each device's near links still free
         for k in range(len(out), self.instance.num_slots):
             logits, partial = self._step(k, out, before)
-            choice = int(np.argmax(np.where(free, logits, -np.inf)))
+            score = np.round(logits + self.crowding * crowd, _TIE_DECIMALS)  # ties to the lowest device id
+            choice = int(np.argmax(np.where(free, score, -np.inf)))
             out.append(choice)
             free[choice] = False
+            crowd -= self.instance.near_share[:, choice]
             before = max(before, float(partial[choice]))
         return out
 
@@ -516,8 +684,10 @@ def learned_mapping(problem: MappingProblem, policy: MappingPolicy, *, instantia
                     iterations: int = DEFAULT_MAPPER_ITERATIONS, time_limit_s: float | None = None,
                     lower_bound: float | None = None, seed: int | np.random.Generator | None = 0) -> np.ndarray:
     """[S, R] the best mapping of GNN-guided MCTS on a :class:`~tag.search.MappingEnv`: one forward pass,
-    then ``iterations`` leaves (the first is the greedy decode, every leaf is completed greedily), capped
-    by ``time_limit_s``. The CS map is among the candidates, so the result is never worse than it."""
+    the greedy decode, then up to ``iterations`` further leaves (each completed greedily), capped by
+    ``time_limit_s``. The search is skipped when the greedy decode meets ``lower_bound`` (by default
+    :func:`quick_lower_bound`): it is then optimal. The CS map is among the candidates, so the result is
+    never worse than it."""
     from tag.search import MappingEnv, mcts_search
 
     if lower_bound is None:  # the search's value is a bound over the time: the quick one costs nothing
@@ -525,12 +695,15 @@ def learned_mapping(problem: MappingProblem, policy: MappingPolicy, *, instantia
     env = MappingEnv(problem, instantiation=instantiation, lower_bound=lower_bound)
     decoder = MappingDecoder(policy, MappingInstance.from_env(env))
     env.fill = decoder.complete
+    greedy = env.evaluate(env.root())
+    if greedy.value >= 1.0 - 1e-12:  # proven optimal: no leaf can do better
+        return np.asarray(greedy.candidate, dtype=np.int64)
 
     def evaluator(observation: Any) -> np.ndarray:
         if observation.next_slot < 0:  # terminal: no candidates
             return np.zeros(0)
         return decoder.priors(observation.assigned[:observation.next_slot].tolist())
 
-    result = mcts_search(env, evaluator, max_iterations=max(1, iterations + 1), time_limit_s=time_limit_s, target_visits=None,
-                         seed=seed)
+    result = mcts_search(env, evaluator, max_iterations=max(1, iterations + 1), time_limit_s=time_limit_s,
+                         target_visits=None, seed=seed)  # its first leaf, the root, is the greedy decode again
     return np.asarray(result.best, dtype=np.int64)
