@@ -79,16 +79,7 @@ def _heap_pop_root(keys, ids, size):
     ids[size] = -1
     if size == 0:
         return 0
-    position = 0
-    child = 1
-    while child < size:
-        right_key, left_key = keys[child + 1], keys[child]
-        child += np.int64((right_key < left_key) | ((right_key == left_key) & (ids[child + 1] < ids[child])))
-        keys[position] = keys[child]
-        ids[position] = ids[child]
-        position = child
-        child = 2 * position + 1
-    _sift_up(keys, ids, position, key, task)
+    _heap_replace_root(keys, ids, size, key, task)  # the last entry refills the root's place
     return size
 
 
