@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
-__all__ = ["csr_from_lists", "edge_arrays"]
+__all__ = ["csr_from_lists", "edge_arrays", "kahn_order"]
 
 
 def csr_from_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -29,3 +29,27 @@ def edge_arrays(num_nodes: int, src: Sequence[int], dst: Sequence[int], error: t
     if src.size and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= num_nodes):
         raise error(f"an edge names a {what} outside 0..{num_nodes - 1}")
     return src, dst
+
+
+def kahn_order(num_nodes: int, src: np.ndarray, dst: np.ndarray,
+               pick: Callable[[list[int]], int] | None = None) -> tuple[list[int], bool]:
+    """(order, unique) of Kahn's algorithm over the edges src → dst: ``pick(ready)`` is the index in the
+    ready list (ascending ids at first, then in the order nodes become ready) of the next node, by default
+    the last; ``unique`` is whether the ready list never held two nodes (the only topological order).
+    On a cycle the order stops short of ``num_nodes``: the caller raises its own error."""
+    indegree = np.bincount(dst, minlength=num_nodes).tolist()
+    succ: list[list[int]] = [[] for _ in range(num_nodes)]
+    for a, b in zip(src.tolist(), dst.tolist()):
+        succ[a].append(b)
+    ready = [v for v in range(num_nodes) if indegree[v] == 0]
+    order: list[int] = []
+    unique = True
+    while ready:
+        unique &= len(ready) == 1
+        node = ready.pop() if pick is None else ready.pop(pick(ready))
+        order.append(node)
+        for nxt in succ[node]:
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                ready.append(nxt)
+    return order, unique

@@ -108,27 +108,29 @@ class CostModel:
         ratio = np.divide(predicted, at_reference, out=np.ones_like(predicted), where=at_reference > 0)
         return np.where(known, measured * ratio, predicted)
 
-    def fixed_times(self, graph: OpGraph, gpu: GPUType | str) -> np.ndarray:
-        """[N] seconds of each op that do not shrink with its batch fraction (module docstring): for a
-        batch-scaled op the launch overhead plus its fixed bytes (:meth:`OpGraph.fixed_bytes`, weights
-        read and weight gradients written) at the memory roofline, at most its whole time; the whole
-        time of an op that does not scale."""
+    def linear_times(self, graph: OpGraph, gpu: GPUType | str) -> tuple[np.ndarray, np.ndarray]:
+        """([N] fixed, [N] scaled) seconds: an op on fraction f of the reference batch takes fixed + f·scaled
+        (module docstring). Fixed, for a batch-scaled op: the launch overhead plus its fixed bytes
+        (:meth:`OpGraph.fixed_bytes`, weights read and weight gradients written) at the memory roofline,
+        at most its whole time; for an op that does not scale, its whole time (scaled 0)."""
         gpu = _resolve(gpu)
         full = self.reference_times(graph, gpu)
         weights = graph.fixed_bytes() / (gpu.memory_bandwidth * self.memory_efficiency)
-        overhead = np.minimum(gpu.launch_overhead_s + weights, full)
-        return np.where(graph.batch_scaled & (full > 0), overhead, full)
+        fixed = np.where(graph.batch_scaled & (full > 0), np.minimum(gpu.launch_overhead_s + weights, full), full)
+        return fixed, full - fixed
+
+    def fixed_times(self, graph: OpGraph, gpu: GPUType | str) -> np.ndarray:
+        """[N] seconds of each op that do not shrink with its batch fraction (:meth:`linear_times`)."""
+        return self.linear_times(graph, gpu)[0]
 
     def op_times(self, graph: OpGraph, gpu: GPUType | str, batch_fraction: float | np.ndarray = 1.0) -> np.ndarray:
         """[N] seconds of each op on ``gpu`` run on ``batch_fraction`` (scalar or [N]) of the reference batch:
-        fixed + fraction · (full − fixed), :meth:`fixed_times` being the part that does not shrink."""
-        gpu = _resolve(gpu)
-        full = self.reference_times(graph, gpu)
-        fraction = np.broadcast_to(np.asarray(batch_fraction, dtype=np.float64), full.shape)
+        fixed + fraction · scaled (:meth:`linear_times`)."""
+        fraction = np.asarray(batch_fraction, dtype=np.float64)
         if (fraction < 0).any() or not np.isfinite(fraction).all():
             raise ValueError("batch_fraction must be finite and non-negative")
-        fixed = self.fixed_times(graph, gpu)
-        return fixed + fraction * (full - fixed)
+        fixed, scaled = self.linear_times(graph, gpu)
+        return fixed + np.broadcast_to(fraction, fixed.shape) * scaled
 
     def op_time_table(self, graph: OpGraph, gpus: Sequence[GPUType | str]) -> np.ndarray:
         """[N, T] seconds of each op on each GPU type at the reference batch."""

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tag._arrays import edge_arrays
+from tag._arrays import edge_arrays, kahn_order
 from tag.errors import TagError
 
 __all__ = [
@@ -72,21 +72,7 @@ def unique_topological_order(num_nodes: int, src: Sequence[int], dst: Sequence[i
     Raises TagError on a cycle.
     """
     src, dst = edge_arrays(num_nodes, src, dst, TagError)
-    indegree = np.bincount(dst, minlength=num_nodes)
-    succ: list[list[int]] = [[] for _ in range(num_nodes)]
-    for a, b in zip(src.tolist(), dst.tolist()):
-        succ[a].append(b)
-    ready = [int(v) for v in np.flatnonzero(indegree == 0)]
-    order: list[int] = []
-    unique = True
-    while ready:
-        unique &= len(ready) == 1
-        node = ready.pop()
-        order.append(node)
-        for nxt in succ[node]:
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                ready.append(nxt)
+    order, unique = kahn_order(num_nodes, src, dst)
     if len(order) != num_nodes:
         raise TagError("the graph has a cycle: it has no downset chain")
     return np.array(order, dtype=np.int64) if unique else None

@@ -20,8 +20,8 @@ one forward op, its *owner*, and is contracted onto it (:func:`assign_owners`):
 - anything left (optimizer state, step counters) follows its earliest owned neighbour.
 
 **Costs.** Times come from the cost model, split into a fixed part (launch overheads and weight reads,
-:meth:`CostModel.fixed_times`; ops that do not scale with the batch) and a part linear in the batch fraction, so a stage's time at any micro-batch is
-``fixed + fraction · scaled`` (the same affine law :meth:`CostModel.op_times` applies op by op).
+:meth:`CostModel.linear_times`; ops that do not scale with the batch) and a part linear in the batch
+fraction, so a stage's time at any micro-batch is ``fixed + fraction · scaled`` (the same affine law :meth:`CostModel.op_times` applies op by op).
 Activations kept for backward are the outputs of forward and data-input ops that some backward op
 reads (every forward output when the graph has no backward ops). Edges between forward ops carry the
 activations; edges out of parameters and optimizer state carry none (weights do not travel between
@@ -198,13 +198,6 @@ def _fill_from_neighbours(owner: np.ndarray, pred: list[list[int]], succ: list[l
 # ------------------------------------------------------------------------------------------- forward view
 
 
-def _split_times(graph: OpGraph, cost: CostModel, gpu: GPUType) -> tuple[np.ndarray, np.ndarray]:
-    """([N] fixed, [N] scaled) seconds: an op on fraction f of the reference batch takes fixed + f·scaled."""
-    full = cost.reference_times(graph, gpu)
-    fixed = cost.fixed_times(graph, gpu)
-    return fixed, full - fixed
-
-
 @dataclass(eq=False)
 class ForwardGraph:
     """F forward ops (indices in topological order) with every other op contracted onto its owner.
@@ -252,7 +245,7 @@ class ForwardGraph:
 
         columns: dict[str, list[np.ndarray]] = {k: [] for k in ("ff", "fs", "bf", "bs", "opt")}
         for gpu in types:
-            fixed, scaled = _split_times(graph, cost, gpu)
+            fixed, scaled = cost.linear_times(graph, gpu)
             fwd = (role == ROLE_FORWARD) | (role == ROLE_INPUT)
             columns["ff"].append(per_owner(fixed, fwd))
             columns["fs"].append(per_owner(scaled, fwd))

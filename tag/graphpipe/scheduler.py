@@ -26,7 +26,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tag._arrays import edge_arrays
+from tag._arrays import edge_arrays, kahn_order
 from tag.errors import TagError
 from tag.exact.schedules import BACKWARD, FORWARD, Action, format_grid, unit_time_schedule
 from tag.exact.stage_graph import PartitionError
@@ -69,19 +69,7 @@ def inflight_samples(kx: int, bx: int, ky: int, by: int, iy: int) -> int:
 
 
 def _topological(num_stages: int, edge_src: np.ndarray, edge_dst: np.ndarray) -> list[int]:
-    indegree = np.bincount(edge_dst, minlength=num_stages).tolist()
-    succ: list[list[int]] = [[] for _ in range(num_stages)]
-    for a, b in zip(edge_src.tolist(), edge_dst.tolist()):
-        succ[a].append(b)
-    ready = [s for s in range(num_stages) if indegree[s] == 0]
-    order = []
-    while ready:
-        s = ready.pop()
-        order.append(s)
-        for t in succ[s]:
-            indegree[t] -= 1
-            if indegree[t] == 0:
-                ready.append(t)
+    order, _ = kahn_order(num_stages, edge_src, edge_dst)
     if len(order) != num_stages:
         raise ScheduleError("the stage graph has a cycle")
     return order

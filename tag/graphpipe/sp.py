@@ -37,7 +37,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from tag._arrays import edge_arrays
+from tag._arrays import edge_arrays, kahn_order
 from tag.errors import TagError
 
 __all__ = [
@@ -111,20 +111,9 @@ class SPTree:
 
 
 def _topological_position(num_nodes: int, edge_src: np.ndarray, edge_dst: np.ndarray) -> np.ndarray:
-    indegree = np.bincount(edge_dst, minlength=num_nodes)
-    succ: list[list[int]] = [[] for _ in range(num_nodes)]
-    for a, b in zip(edge_src.tolist(), edge_dst.tolist()):
-        succ[a].append(b)
-    ready = [v for v in range(num_nodes) if indegree[v] == 0]
-    order = []
-    while ready:
-        v = min(ready) if len(ready) < 64 else ready[0]
-        ready.remove(v)
-        order.append(v)
-        for w in succ[v]:
-            indegree[w] -= 1
-            if indegree[w] == 0:
-                ready.append(w)
+    # the smallest id among a few ready nodes (a stable order), the oldest among many (linear time)
+    order, _ = kahn_order(num_nodes, edge_src, edge_dst,
+                          pick=lambda ready: ready.index(min(ready)) if len(ready) < 64 else 0)
     if len(order) != num_nodes:
         raise SPError(f"the graph has a cycle through {num_nodes - len(order)} nodes")
     position = np.empty(num_nodes, dtype=np.int64)
