@@ -21,7 +21,8 @@ one forward op, its *owner*, and is contracted onto it (:func:`assign_owners`):
 
 **Costs.** Times come from the cost model, split into a fixed part (launch overheads and weight reads,
 :meth:`CostModel.linear_times`; ops that do not scale with the batch) and a part linear in the batch
-fraction, so a stage's time at any micro-batch is ``fixed + fraction · scaled`` (the same affine law :meth:`CostModel.op_times` applies op by op).
+fraction, so a stage's time at any micro-batch is ``fixed + fraction · scaled`` (the same affine law
+:meth:`CostModel.op_times` applies op by op).
 Activations kept for backward are the outputs of forward and data-input ops that some backward op
 reads (every forward output when the graph has no backward ops). Edges between forward ops carry the
 activations; edges out of parameters and optimizer state carry none (weights do not travel between
