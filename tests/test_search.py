@@ -507,3 +507,23 @@ def test_root_fill_keeps_dp_nccl_for_undecided_groups(vgg):
     assert np.array_equal(strategy.option[others], dp.option[others])
     with pytest.raises(SearchError):
         PlacementEnv(group_graph, cluster, fill="last")
+
+
+def test_a_plan_beats_the_reference_only_by_more_than_rounding():
+    from tag.search import BEAT_RTOL, LeafEvaluation, beats_reference
+    from tag.search.result import Tracker
+
+    reference = 0.25
+    env = SimpleNamespace(reference_time=reference, reference_name="DP-NCCL", num_simulations=0,
+                          baseline=lambda: LeafEvaluation(0.0, "dp", reference, True))
+    tracker = Tracker(env, max_iterations=10, max_simulations=None, time_limit_s=None, progress=None)
+    same_tasks_reordered = reference * (1 - 4e-16)  # what a DP-like plan reached through the tree can give
+    assert not beats_reference(same_tasks_reordered, reference)
+    tracker.record(LeafEvaluation(0.0, "reordered", same_tasks_reordered, True), iteration=3)
+    assert tracker.first_beat_iteration is None
+    tracker.record(LeafEvaluation(0.0, "oom", reference / 2, False), iteration=4)  # faster, but does not fit
+    assert tracker.first_beat_iteration is None
+    faster = reference * (1 - 10 * BEAT_RTOL)
+    assert beats_reference(faster, reference)
+    tracker.record(LeafEvaluation(0.0, "faster", faster, True), iteration=5)
+    assert tracker.first_beat_iteration == 5

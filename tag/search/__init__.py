@@ -40,7 +40,8 @@ from tag.search.placement import (
 )
 from tag.search.mapping_env import MappingEnv, MappingObservation, uniform_mapping_evaluator
 from tag.search.staged import layer_positions, staged_strategy
-from tag.search.result import HistoryPoint, ProgressCallback, SearchProgress, SearchResult, TrainingTarget
+from tag.search.result import (BEAT_RTOL, HistoryPoint, ProgressCallback, SearchProgress, SearchResult, TrainingTarget,
+                               beats_reference)
 from tag.search.tree import NO_PARENT, ROOT, UNEXPANDED, UNVISITED, Tree
 
 __all__ = [
@@ -58,5 +59,5 @@ __all__ = [
     "mcmc_search", "acceptance_probability", "metropolis_step", "propose", "DEFAULT_ALPHA",
     # results
     "SearchResult", "HistoryPoint", "TrainingTarget", "SearchProgress", "ProgressCallback",
-    "SearchError", "frozen_gc",
+    "BEAT_RTOL", "beats_reference", "SearchError", "frozen_gc",
 ]

@@ -22,7 +22,8 @@ from tag.cluster import Cluster, tag_random
 from tag.graph import OpGraph
 from tag.grouping import GroupGraph, group_ops
 from tag.policy import GNNEvaluator, HeteroPolicy, state_to_data
-from tag.search import PlacementEnv, PlacementState, SearchResult, mcts_search, uniform_batch_evaluator
+from tag.search import (PlacementEnv, PlacementState, SearchResult, beats_reference, mcts_search,
+                        uniform_batch_evaluator)
 from tag.training.config import VALIDATION_SEED_START, TrainConfig
 
 __all__ = ["Instance", "Sample", "GameRecord", "Outcome", "game_instance", "validation_instances", "play_game",
@@ -187,7 +188,8 @@ def search_instance(config: TrainConfig, model: HeteroPolicy | None, instance: I
 
     def progress(report: Any) -> None:
         seen[:] = [report]
-        if stop_on_beat and report.best_speedup > 1.0 and env.reference_name == "DP-NCCL":
+        if (stop_on_beat and env.reference_name == "DP-NCCL" and report.best_speedup > 0
+                and beats_reference(env.reference_time / report.best_speedup, env.reference_time)):
             raise _Beaten
 
     try:
