@@ -17,8 +17,8 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-# The main job on built-in defaults: plan a zoo model on a preset cluster (uniform priors until a trained
-# policy ships in checkpoints/).
+# The main job on built-in defaults: plan a zoo model on a preset cluster with the shipped policy
+# (checkpoints/tag-policy.pt).
 run: $(STAMP)
 	$(BIN)/tag plan $(MODEL) --cluster $(CLUSTER)
 

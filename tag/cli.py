@@ -458,6 +458,12 @@ def _progress_callback(bar, description: str):
     return callback
 
 
+def _shipped_policy() -> str:
+    from tag.policy import shipped_policy_path
+
+    return str(shipped_policy_path())
+
+
 def cmd_plan(args: argparse.Namespace) -> dict:
     from tag.cluster import resolve_cluster
     from tag.graph.resolve import resolve_model
@@ -469,7 +475,11 @@ def cmd_plan(args: argparse.Namespace) -> dict:
     _check_view_paths(args)
     cluster = resolve_cluster(args.cluster)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
-    evaluator, batch_evaluator, priors = load_priors(args.policy)
+    if args.uniform:
+        checkpoint = None
+    else:
+        checkpoint = args.policy or _shipped_policy()
+    evaluator, batch_evaluator, priors = load_priors(checkpoint)
     config = PlanConfig(num_groups=args.num_groups, max_iterations=args.budget, time_limit_s=args.time,
                         search=args.search, sfb=not args.no_sfb, seed=args.seed)
     with _search_progress(sys.stderr.isatty()) as bar:
@@ -706,7 +716,8 @@ def cmd_compare(args: argparse.Namespace) -> dict:
         report = (lambda message: status.update(f"comparing planners: {message}")) if status is not None else None
         rows = compare_planners(graph, cluster, config=config, progress=report)
     payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "devices": cluster.num_devices,
-               "batch_size": graph.batch_size, "budget": args.budget, "policy": args.policy, "planners": rows}
+               "batch_size": graph.batch_size, "budget": args.budget, "policy": config.policy or _shipped_policy(),
+               "planners": rows}
     if not args.json:
         _print_compare(payload)
     return payload
@@ -773,8 +784,9 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--budget", type=_positive_int, metavar="N", help="search iterations (default 600)")
     budget.add_argument("--time", type=_positive_seconds, metavar="S", help="search time limit in seconds")
     priors = p.add_mutually_exclusive_group()
-    priors.add_argument("--policy", metavar="CKPT", help="a trained GNN policy checkpoint for the priors")
-    priors.add_argument("--uniform", action="store_true", help="uniform priors: pure MCTS (the default for now)")
+    priors.add_argument("--policy", metavar="CKPT",
+                        help="GNN policy checkpoint for the priors (default: the shipped checkpoints/tag-policy.pt)")
+    priors.add_argument("--uniform", action="store_true", help="uniform priors: pure MCTS")
     p.add_argument("--search", choices=("mcts", "mcmc"), default="mcts", help="search method (default mcts)")
     p.add_argument("--no-sfb", action="store_true", help="skip sufficient-factor broadcasting")
     _add_grouping(p, seed_help="METIS and search seed")
@@ -811,7 +823,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(p)
     p.add_argument("--budget", type=_positive_int, default=300, metavar="N",
                    help="search iterations of MCMC, pure MCTS and tag (default 300)")
-    p.add_argument("--policy", metavar="CKPT", help="GNN policy checkpoint for the tag (GNN+MCTS) row")
+    p.add_argument("--policy", metavar="CKPT",
+                   help="GNN policy checkpoint for the tag (GNN+MCTS) row (default: the shipped one)")
     p.add_argument("--time-limit", type=_positive_seconds, default=60.0, metavar="S",
                    help="seconds for the exact mapper (default 60)")
     p.add_argument("--no-graphpipe", action="store_true", help="leave GraphPipe's graph pipeline out")

@@ -42,7 +42,8 @@ class CompareConfig:
 
     budget: int = 300  # search iterations of MCMC, pure MCTS and tag
     num_groups: int = 60  # METIS op groups of the strategy searches
-    policy: str | None = None  # GNN checkpoint for the tag row; None leaves the row out
+    policy: str | None = None  # GNN checkpoint for the tag row; None: the shipped one
+    tag_row: bool = True  # include the tag (GNN+MCTS) row
     mapping_time_limit: float = 60.0  # seconds for the exact mapper (and the MCTS mapper's cap)
     mcts_mapper_iterations: int = 2000  # leaves of the pure-MCTS mapper
     mapper_policy: str | None = None  # mapping GNN checkpoint of the learned mapper; None: the shipped one
@@ -78,8 +79,10 @@ def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say:
     from tag.planner import COMPARED_BASELINES, PlanConfig, load_priors, plan_training
 
     searches = [("MCMC", "mcmc", None), ("pure MCTS", "mcts", None)]
-    if config.policy:
-        searches.append(("tag (GNN+MCTS)", "mcts", config.policy))
+    if config.tag_row:
+        from tag.policy import shipped_policy_path
+
+        searches.append(("tag (GNN+MCTS)", "mcts", config.policy or str(shipped_policy_path())))
     rows, outcome = [], None
     for label, search, policy in searches:
         say(f"{label}: {config.budget} iterations")

@@ -85,6 +85,12 @@ class PlanConfig:
     c_puct: float = DEFAULT_C_PUCT  # exploration constant c of TAG §4.2.2
     order: str = "impact"  # tree level order (tag.search.group_order); TAG's is "compute"
     fills: tuple[str, ...] = ("first", "root")  # MCTS runs once per default fill, the budget split among them
+    # The fills whose trees the evaluator's priors guide; the other trees get uniform priors. The shipped
+    # policy is trained with TAG's first-group fill, where the root decision sets the default strategy of
+    # every group (DP-NCCL's action is nearly always right there). Under the "root" fill the same root
+    # state asks which one group should leave DP-NCCL, and the policy's features cannot tell the two apart:
+    # its priors at 60 groups put 25% on DP-NCCL's own action there, which beats nothing.
+    policy_fills: tuple[str, ...] = ("first",)
     # the fills when DP-NCCL does not fit: DP-NCCL's own fill would only ever give OOM plans
     oom_fills: tuple[str, ...] = ("staged", "first")
     batch_split: str = "even"  # of searched strategies: "even" (the paper) or "speed" (batch ∝ device speed)
@@ -205,7 +211,10 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
             seeds.append(env.strategy(env.root()))
         report = _offset_progress(progress, searches, iterations, seconds)
         if config.search == "mcts":
-            searches.append(mcts_search(env, evaluator, batch_evaluator=batch_evaluator, batch_size=batch_size,
+            guided = fill in config.policy_fills
+            searches.append(mcts_search(env, evaluator if guided else uniform_evaluator,
+                                        batch_evaluator=batch_evaluator if guided else None,
+                                        batch_size=batch_size if guided else 1,
                                         c_puct=config.c_puct, max_iterations=share,
                                         time_limit_s=None if seconds is None else seconds / len(fills),
                                         seed=config.seed, progress=report))

@@ -19,7 +19,8 @@ def compared():
 
 def test_every_planner_has_a_row_with_consistent_figures(compared):
     names = [row["planner"] for row in compared]
-    assert names == ["DP-NCCL", "DP-NCCL-P", "Horovod-like", "MCMC", "pure MCTS", "Parmesan + exact map",
+    assert names == ["DP-NCCL", "DP-NCCL-P", "Horovod-like", "MCMC", "pure MCTS", "tag (GNN+MCTS)",
+                     "Parmesan + exact map",
                      "Parmesan + CS map", "Parmesan + p2p map", "Parmesan + pure-MCTS map",
                      "Parmesan + learned (GNN+MCTS) map", "RaNNC", "GraphPipe"]
     dp = compared[0]

@@ -96,3 +96,32 @@ def test_plan_bad_input_gives_one_line(capsys, tmp_path, argv, needle):
     code = main(["plan", "vgg19", "--tiny", "--cluster", "tag-testbed", *argv])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and err.startswith("tag: error:") and needle in err
+
+
+def test_priors_guide_only_the_trees_of_the_policy_fills():
+    """The policy is trained with TAG's first-group fill; the other fills' trees search with uniform priors,
+    exactly as pure MCTS does."""
+    import numpy as np
+
+    from tag.search import uniform_evaluator
+
+    graph, cluster = resolve_model("vgg19", tiny=True), resolve_cluster("tag-testbed")
+    seen = {"calls": 0}
+
+    def counting(state):
+        seen["calls"] += 1
+        return np.full(len(state.options), 1.0 / len(state.options))
+
+    def plan(policy_fills):
+        seen["calls"] = 0
+        config = PlanConfig(num_groups=6, max_iterations=24, sfb=False, policy_fills=policy_fills)
+        return plan_training(graph, cluster, config=config, evaluator=counting), seen["calls"]
+
+    unguided, calls = plan(())
+    assert calls == 0
+    pure = plan_training(graph, cluster, config=PlanConfig(num_groups=6, max_iterations=24, sfb=False),
+                         evaluator=uniform_evaluator)
+    assert unguided.search.best == pure.search.best and unguided.iteration_time_s == pure.iteration_time_s
+    _, first_only = plan(("first",))
+    _, both = plan(("first", "root"))
+    assert 0 < first_only < both

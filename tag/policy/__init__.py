@@ -1,7 +1,8 @@
 """The learned policy of TAG §4.2.1: state features as a HeteroData, the heterogeneous GNN, the search's
 evaluator and checkpoints. The search itself never imports this package (DESIGN.md: Policy and search)."""
 
-from tag.policy.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, PolicyCheckpoint, load_policy, save_policy
+from tag.policy.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, PolicyCheckpoint, load_policy, save_policy,
+                                   shipped_policy_path)
 from tag.policy.errors import PolicyError
 from tag.policy.evaluator import GNNEvaluator
 from tag.policy.features import (
@@ -39,7 +40,7 @@ from tag.policy.gnn import (
 __all__ = [
     "state_to_data", "HeteroPolicy", "PolicyConfig", "build_policy", "GNNEvaluator",
     "action_logits", "action_log_probs", "policy_loss", "segment_log_softmax",
-    "save_policy", "load_policy", "PolicyCheckpoint", "PolicyError", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION",
+    "save_policy", "load_policy", "shipped_policy_path", "PolicyCheckpoint", "PolicyError", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION",
     "OP", "DEVICE", "ACTION", "FEEDS", "FED_BY", "LINK", "PLACED_ON", "HOSTS", "IN_MASK", "DECIDES", "GNN_RELATIONS",
     "OP_FEATURES", "DEVICE_FEATURES", "TENSOR_FEATURES", "LINK_FEATURES", "PLACEMENT_FEATURES", "NODE_FEATURES",
     "RELATION_FEATURES", "FEATURE_VERSION",

@@ -14,7 +14,8 @@ from tag.policy.errors import PolicyError
 from tag.policy.features import FEATURE_VERSION
 from tag.policy.gnn import HeteroPolicy, PolicyConfig
 
-__all__ = ["PolicyCheckpoint", "save_policy", "load_policy", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION"]
+__all__ = ["PolicyCheckpoint", "save_policy", "load_policy", "shipped_policy_path", "CHECKPOINT_FORMAT",
+           "CHECKPOINT_VERSION"]
 
 CHECKPOINT_FORMAT = "tag.policy"
 CHECKPOINT_VERSION = 1
@@ -54,6 +55,11 @@ def save_policy(path: str | os.PathLike, model: HeteroPolicy, config: PolicyConf
             torch.save(payload, handle)
     except OSError as exc:
         raise OutputError(f"cannot write policy checkpoint {str(path)!r}: {exc.strerror or exc}") from None
+
+
+def shipped_policy_path() -> Path:
+    """``checkpoints/tag-policy.pt`` of this checkout: the trained TAG policy, `tag plan`'s default priors."""
+    return Path(__file__).resolve().parents[2] / "checkpoints" / "tag-policy.pt"
 
 
 def load_policy(path: str | os.PathLike, *, map_location: str | torch.device = "cpu") -> PolicyCheckpoint:
