@@ -1,6 +1,7 @@
 """Self-play training (tag.training): config validation, a tiny run whose loss decreases, exact resume,
 clear errors for corrupt or mismatched checkpoints, the ``tag train`` command."""
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -87,6 +88,24 @@ def test_instances_draw_from_disjoint_seeds(tiny):
     assert {g.model for g in games} == set(tiny.models)
     assert game_instance(tiny, 7)[0] == game_instance(tiny, 7)[0]
     assert all(v.topology_seed >= VALIDATION_SEED_START for v in validation_instances(tiny))
+
+
+def test_init_policy_starts_from_its_weights(full_run, tiny, tmp_path):
+    out, _ = full_run
+    # one round with a negligible learning rate: the saved weights are the initial ones to 1e-9
+    start = tiny.replace(init_policy=str(out / POLICY_NAME), total_steps=1, validation_instances=0,
+                         learning_rate=1e-12)
+    train(start, tmp_path / "fine")
+    trained = load_policy(out / POLICY_NAME).model.state_dict()
+    fine = load_policy(tmp_path / "fine" / POLICY_NAME).model.state_dict()
+    assert all(torch.allclose(trained[k], v, rtol=0, atol=1e-9) for k, v in fine.items())
+    fresh = build_policy(tiny.policy, seed=tiny.seed).state_dict()
+    assert not all(torch.allclose(fresh[k], v, rtol=0, atol=1e-3) for k, v in fine.items())
+    other = start.replace(policy=dataclasses.replace(tiny.policy, hidden=8))
+    with pytest.raises(TrainingError, match="architecture"):
+        train(other, tmp_path / "other")
+    with pytest.raises(TrainingError, match="init_policy"):
+        train(start.replace(init_policy=str(tmp_path / "absent.pt")), tmp_path / "absent")
 
 
 # ----------------------------------------------------------------------------------------------- self-play

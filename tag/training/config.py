@@ -70,6 +70,7 @@ class TrainConfig:
     validate_every: int = 10  # rounds between validations (and one at step 0)
     log_every: int = 1  # rounds between TensorBoard scalars
     seed: int = 0  # every random choice of the run derives from it
+    init_policy: str | None = None  # start from this policy checkpoint's weights (fine-tuning), not at random
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # the GNN's hyper-parameters
 
     def __post_init__(self) -> None:
@@ -165,5 +166,7 @@ def _validate(config: TrainConfig) -> None:
         raise TrainingError(f"order must be one of {', '.join(ORDERS)}, got {config.order!r}")
     if config.fill not in FILLS:
         raise TrainingError(f"fill must be one of {', '.join(FILLS)}, got {config.fill!r}")
+    if config.init_policy is not None and (not isinstance(config.init_policy, str) or not config.init_policy):
+        raise TrainingError(f"init_policy must be a policy checkpoint path or absent, got {config.init_policy!r}")
     if not isinstance(config.policy, PolicyConfig):
         raise TrainingError(f"policy must be a table of PolicyConfig fields, got {config.policy!r}")

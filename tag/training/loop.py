@@ -26,7 +26,7 @@ import torch
 from torch_geometric.data import HeteroData
 
 from tag._atomic import atomic_write_text
-from tag.policy import build_policy, policy_loss, save_policy
+from tag.policy import PolicyError, build_policy, load_policy, policy_loss, save_policy
 from tag.training.config import TrainConfig
 from tag.training.errors import TrainingError
 from tag.training.selfplay import GameRecord, Outcome, Sample, SelfPlayPool, validation_instances
@@ -116,8 +116,20 @@ def _start(config: TrainConfig, out: Path, resume: bool) -> TrainState:
         return state
     if checkpoint.exists():
         raise TrainingError(f"{str(checkpoint)!r} exists: pass --resume to continue that run, or another --out")
-    model = build_policy(config.policy, seed=config.seed)
+    model = build_policy(config.policy, seed=config.seed) if config.init_policy is None else _initial(config)
     return TrainState(model, {}, config, 0, 0, 0, [], [])
+
+
+def _initial(config: TrainConfig) -> torch.nn.Module:
+    """The weights of ``config.init_policy`` (fine-tuning); its architecture must be the config's."""
+    try:
+        loaded = load_policy(config.init_policy)
+    except PolicyError as exc:
+        raise TrainingError(f"init_policy: {exc}") from None
+    if loaded.config != config.policy:
+        raise TrainingError(f"init_policy {config.init_policy!r} has the architecture {loaded.config.to_dict()}, "
+                            f"the config's [policy] is {config.policy.to_dict()}")
+    return loaded.model
 
 
 def _round(pool: SelfPlayPool, config: TrainConfig, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
