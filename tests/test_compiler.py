@@ -404,6 +404,23 @@ def test_evaluator_equals_compile_then_simulate_fast(model, cluster_name, granul
         assert_same_result(evaluator(strategy), expected)
 
 
+def test_fragment_references_are_stored_by_segment():
+    """The arena keeps a reference as (segment, index in it) so that assembly places it with one look-up:
+    by hand, P's block of 3 tasks, an empty C block (a group's pair with itself), 2 early own tasks, then
+    late ones; decoded with each segment's global first task, every reference lands on its task."""
+    from tag.compiler.evaluate import _SEGMENT_SHIFT, _IN_SEGMENT, _segmented
+
+    refs = np.array([0, 2, 3, 4, 5, 7, -1])
+    stored = _segmented(refs, 3, 3, 5)
+    segment, index = stored >> _SEGMENT_SHIFT, stored & _IN_SEGMENT
+    np.testing.assert_array_equal(segment[:-1], [0, 0, 2, 2, 3, 3])
+    np.testing.assert_array_equal(index[:-1], [0, 2, 0, 1, 0, 2])
+    assert stored[-1] == -1  # no producer
+    base = np.array([100, 200, 300, 400])  # global first task of P's block, C's block, early own, late own
+    expected = [100, 102, 300, 301, 400, 402]
+    np.testing.assert_array_equal(base[segment[:-1]] + index[:-1], expected)
+
+
 def test_merged_granularity_runs_the_chunks_of_each_part_as_one_task(bert_tiny):
     """``merged``: group granularity's chunks, one task per part and replica, with lags; both simulators
     agree on it task for task, and the plan's records point at the merged tasks."""

@@ -562,8 +562,9 @@ def test_feedback_sums_read_either_csr_the_same():
     np.testing.assert_allclose(by_pred[2], wait, rtol=1e-12)
 
 
-def _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_resources):
-    """The list scheduling rule of :mod:`tag.sim.fast` written plainly with heapq (ordinary dependencies)."""
+def _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, num_resources):
+    """The list scheduling rule of :mod:`tag.sim.fast` written plainly with heapq (a dependency is met
+    ``succ_lag`` after its predecessor's start; empty: at its finish)."""
     import heapq
 
     waiting, ready, free = indegree.copy(), np.zeros(duration.size), np.zeros(num_resources)
@@ -575,8 +576,10 @@ def _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_r
         begin = max([begin, *free[held]])
         start[task], finish[task] = begin, begin + duration[task]
         free[held] = finish[task]
-        for successor in succ[succ_ptr[task]:succ_ptr[task + 1]].tolist():
-            ready[successor] = max(ready[successor], finish[task])
+        for k in range(succ_ptr[task], succ_ptr[task + 1]):
+            successor = int(succ[k])
+            release = begin + succ_lag[k] if succ_lag.size else finish[task]
+            ready[successor] = max(ready[successor], release)
             waiting[successor] -= 1
             if waiting[successor] == 0:
                 heapq.heappush(heap, (ready[successor], successor))
@@ -584,20 +587,27 @@ def _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_r
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_list_schedule_pops_tasks_in_ready_time_then_id_order(seed):
-    """The kernel's heap (branch-free descent, sentinels) and its stream of dependency-free tasks merged with
-    it take tasks in the order of a plain heapq, ties included: many zero-duration tasks make tasks ready at 0
-    through a dependency compete with the stream, and repeated durations make equal ready times later on."""
+@pytest.mark.parametrize("times", ["coarse", "fine", "lagged"])
+def test_list_schedule_pops_tasks_in_ready_time_then_id_order(seed, times):
+    """The kernel's radix heap (buckets by the highest bit a ready time differs from the last one taken in,
+    a heap of ids for the ties) and its stream of dependency-free tasks merged with it take tasks in the order
+    of a plain heapq, ties included. Coarse durations, many of them zero, make tasks ready at 0 through a
+    dependency compete with the stream and make equal ready times later on; fine ones (from microseconds to
+    seconds) spread the ready times over many buckets; lags release a dependency inside its predecessor."""
     rng = np.random.default_rng(seed)
     num_tasks, num_resources = 400, 7
-    duration = np.where(rng.random(num_tasks) < 0.4, 0.0, rng.integers(1, 4, num_tasks) * 0.5)
+    if times == "coarse":
+        duration = np.where(rng.random(num_tasks) < 0.4, 0.0, rng.integers(1, 4, num_tasks) * 0.5)
+    else:
+        duration = np.where(rng.random(num_tasks) < 0.1, 0.0, 10.0 ** rng.uniform(-6, 0, num_tasks))
     dep_task = rng.integers(1, num_tasks, 900)
     dep_on = (rng.random(900) * dep_task).astype(np.int64)  # earlier tasks only: a DAG
+    dep_lag = duration[dep_on] * rng.random(900) if times == "lagged" else np.zeros(0)
     holds = rng.integers(1, 3, num_tasks)
     res_ptr = np.concatenate([[0], np.cumsum(holds)])
     res = np.concatenate([rng.choice(num_resources, k, replace=False) for k in holds.tolist()])
-    succ_ptr, succ, succ_lag, indegree = kernels.successors_csr(num_tasks, dep_task, dep_on, np.zeros(0))
-    expected = _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, indegree, num_resources)
+    succ_ptr, succ, succ_lag, indegree = kernels.successors_csr(num_tasks, dep_task, dep_on, dep_lag)
+    expected = _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, num_resources)
     for schedule in (kernels.list_schedule, getattr(kernels.list_schedule, "py_func", kernels.list_schedule)):
         start, finish = schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, num_resources)
         np.testing.assert_array_equal(start, expected[0])

@@ -37,8 +37,8 @@ order of float sums), so what the tests prove of that path — agreement with th
 batch-row checker — holds for this one (tests/test_compiler.py).
 
 Cost (BERT-Large, 60 groups, tag-testbed's 16 GPUs, one core; ``scripts/bench_sim.py``): a strategy whose
-fragments are all cached costs the kernels alone, about 4 ms at group granularity (about 20 k tasks),
-3 ms merged (10 k tasks) and 1.5 ms at part granularity; each new fragment adds 0.05–0.5 ms (a new
+fragments are all cached costs the kernels alone, about 2.2 ms at group granularity (about 20 k tasks),
+1.9 ms merged (6 k tasks) and 0.8 ms at part granularity; each new fragment adds 0.05–0.5 ms (a new
 model-parallel layout about 2.5 ms more: METIS and its pieces, in Python, once per group and device set).
 Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not available here.
 """
@@ -72,6 +72,13 @@ DEFAULT_MAX_CACHED_TASKS = 3_000_000  # tasks kept in the fragment arena (~70 by
 (_TASK0, _TASKS, _EARLY, _RES0, _RES, _DEP0, _DEPS, _TEN0, _TENS, _READ0, _READS,
  _BLOCK_P, _BLOCK_C, _TBLOCK_P, _TBLOCK_C) = range(15)
 _META = 15
+
+# The arena stores a reference as its segment (task references: P's block, C's block, early own, late own;
+# tensor references: P's block, C's block, own) in the bits from _SEGMENT_SHIFT up and its index inside the
+# segment below, so that :func:`_assemble` places it with one look-up of the segment's base, no branches.
+_SEGMENT_SHIFT = 29
+_IN_SEGMENT = (1 << _SEGMENT_SHIFT) - 1
+_TASK_REFS = ("dep_task", "dep_on", "tensor_producer", "read_task")
 
 
 class _Columns:
@@ -121,9 +128,15 @@ class _Arena(_Columns):
         self.num_fragments = 0
 
     def add(self, rows: dict[str, Any], blocks: tuple[int, int, int, int], early: int) -> int:
-        """Store one fragment (its columns as lists or arrays) and return its id."""
+        """Store one fragment (its columns as lists or arrays, references numbered as in the fragment table)
+        and return its id."""
         counts = {"task": len(rows["duration"]), "res": len(rows["res"]), "dep": len(rows["dep_task"]),
                   "tensor": len(rows["tensor_device"]), "read": len(rows["read_tensor"])}
+        block_p, block_c, tblock_p, tblock_c = blocks
+        ends = (block_p, block_p + block_c, block_p + block_c + early)
+        rows = dict(rows, read_tensor=_segmented(np.asarray(rows["read_tensor"], dtype=np.int64), tblock_p,
+                                                 tblock_p + tblock_c, _IN_SEGMENT + 1),
+                    **{name: _segmented(np.asarray(rows[name], dtype=np.int64), *ends) for name in _TASK_REFS})
         first = self.extend(rows, counts)
         if self.num_fragments == self.meta.shape[0]:
             self.meta = np.resize(self.meta, (2 * self.meta.shape[0], _META))
@@ -162,30 +175,32 @@ class _Skeletons(_Columns):
     def _append(self, skeletons: list) -> None:
         size = self.size
         transfers = [t for skeleton in skeletons for t in skeleton.transfers]
-        parts = [part for t in transfers for part in t[3]]
-        counted = [k for t in transfers for k in t[4]]
+        # a transfer: (src, dst, stage, contributions ((category, fraction), ...), counted categories, items)
+        src, dst, stage, contributions, counted = list(zip(*transfers))[:5] if transfers else ((),) * 5
         num_transfers = np.array([len(skeleton.transfers) for skeleton in skeletons], dtype=np.int64)  # [S]
-        num_parts = np.array([len(t[3]) for t in transfers], dtype=np.int64)  # [n]
-        num_counted = np.array([len(t[4]) for t in transfers], dtype=np.int64)  # [n]
+        num_parts = np.fromiter(map(len, contributions), dtype=np.int64, count=len(transfers))  # [n]
+        num_counted = np.fromiter(map(len, counted), dtype=np.int64, count=len(transfers))  # [n]
+        parts = [part for c in contributions for part in c]
         local = np.zeros((len(skeletons), self.num_devices), dtype=bool)  # [S, D]
         for row, skeleton in zip(local, skeletons):
             row[list(skeleton.local)] = True
         rows = {
             "first_transfer": size["transfer"] + np.cumsum(num_transfers) - num_transfers, "transfers": num_transfers,
-            "src": [t[0] for t in transfers], "dst": [t[1] for t in transfers], "stage": [t[2] for t in transfers],
+            "src": src, "dst": dst, "stage": stage,
             "first_part": size["part"] + np.cumsum(num_parts) - num_parts, "parts": num_parts,
             "first_counted": size["counted"] + np.cumsum(num_counted) - num_counted, "counted": num_counted,
             "part_category": [k for k, _ in parts], "part_fraction": [f for _, f in parts],
-            "counted_category": counted, "local": local.reshape(-1),
+            "counted_category": [k for c in counted for k in c], "local": local.reshape(-1),
         }
         first = self.extend(rows, {"skeleton": len(skeletons), "transfer": len(transfers), "part": len(parts),
-                                   "counted": len(counted), "local": local.size})["skeleton"]
+                                   "counted": int(num_counted.sum()), "local": local.size})["skeleton"]
         for k, skeleton in enumerate(skeletons):
             self.ids[id(skeleton)] = (skeleton, first + k)
 
 
 class _Assembled(NamedTuple):
-    """Global columns of one strategy's TaskGraph (T tasks, N tensors, K tensor reads, E dependencies)."""
+    """Global columns of one strategy's TaskGraph (T tasks, N tensors, K tensor reads, E dependencies); ids
+    and counts are int32, which keeps the kernels' working set in cache."""
 
     duration: np.ndarray  # [T]
     kind: np.ndarray  # [T] int8
@@ -257,7 +272,8 @@ class StrategyEvaluator:
         for k, (p, c) in enumerate(pairs):
             group_pairs[p].append(k)
             group_pairs[c].append(k)
-        self._group_pairs = [np.array(ks, dtype=np.int64) for ks in group_pairs]  # [G] pairs touching each group
+        # [G] pairs touching each group, ascending (a group's pair with itself once)
+        self._group_pairs = [np.unique(np.array(ks, dtype=np.int64)) for ks in group_pairs]
         d, m = cluster.num_devices, cluster.num_machines
         self._link_base = 2 * d + 2 * m
         self._fixed_resources = np.array([RES_COMPUTE] * d + [RES_COMM] * d + [RES_NIC_OUT] * m + [RES_NIC_IN] * m,
@@ -365,7 +381,8 @@ class StrategyEvaluator:
             changed = np.flatnonzero(groups != last_groups)
             if changed.size == 0:
                 return ids
-            stale = np.unique(np.concatenate([self._group_pairs[g] for g in changed.tolist()])).tolist()
+            touched = [self._group_pairs[g] for g in changed.tolist()]
+            stale = (touched[0] if len(touched) == 1 else np.unique(np.concatenate(touched))).tolist()
             ids = ids.copy()
         pairs = self._pairs
         for k in stale:
@@ -707,6 +724,27 @@ def _without_self_dependencies(rows: dict) -> dict:
     return rows
 
 
+@_jit
+def _segmented(refs, end_0, end_1, end_2):
+    """References [n] numbered across consecutive segments (the first ending before ``end_0``, the next
+    before ``end_1``, then ``end_2``, the last open-ended; an empty one is skipped) as
+    (segment << _SEGMENT_SHIFT) | index in it, int32; a negative reference (none) stays -1."""
+    out = np.empty(refs.size, dtype=np.int32)
+    for i in range(refs.size):
+        ref = refs[i]
+        if ref < 0:
+            out[i] = -1
+        elif ref < end_0:
+            out[i] = ref
+        elif ref < end_1:
+            out[i] = (1 << _SEGMENT_SHIFT) | (ref - end_0)
+        elif ref < end_2:
+            out[i] = (2 << _SEGMENT_SHIFT) | (ref - end_1)
+        else:
+            out[i] = (3 << _SEGMENT_SHIFT) | (ref - end_2)
+    return out
+
+
 # ------------------------------------------------------------------------------------------------ the kernel
 
 
@@ -715,16 +753,18 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
               a_nres, a_res, a_dep_task, a_dep_on, a_dep_lag, a_tensor_device, a_tensor_bytes, a_tensor_producer,
               a_alloc_lag, a_free_lag, a_tensor_persistent, a_read_tensor, a_read_task, a_read_lag, lagged, link_base,
               num_devices):
-    """Global columns (see :class:`_Assembled`) of the fragments ``group_fragment`` [G] (indexed by group)
-    and ``pair_fragment`` [P] (pairs pair_p [P] -> pair_c [P]), laid out as compile_strategy lays out its
-    tasks: compute blocks in ``group_order``, then the pairs' early tasks, then their late tasks."""
+    """Global columns (see :class:`_Assembled`; indices int32) of the fragments ``group_fragment`` [G]
+    (indexed by group) and ``pair_fragment`` [P] (pairs pair_p [P] -> pair_c [P]), laid out as
+    compile_strategy lays out its tasks: compute blocks in ``group_order``, then the pairs' early tasks, then
+    their late tasks."""
     num_groups = group_order.size
     num_pairs = pair_fragment.size
     num_used = num_groups + num_pairs
     used = np.empty(num_used, dtype=np.int64)  # fragments in layout order: groups, then pairs
-    early_base = np.empty(num_used, dtype=np.int64)
-    late_base = np.empty(num_used, dtype=np.int64)
-    tensor_base = np.empty(num_used, dtype=np.int64)
+    # [used, 4] global id of the first task of each segment of a fragment's task references (_segmented):
+    # P's block, C's block, early own, late own; [used, 3] the same for tensors: P's, C's, own
+    task_base = np.zeros((num_used, 4), dtype=np.int64)
+    tensor_base = np.zeros((num_used, 3), dtype=np.int64)
     group_task = np.empty(num_groups, dtype=np.int64)  # group -> first task of its block
     group_tensor = np.empty(num_groups, dtype=np.int64)
     tasks = 0
@@ -733,23 +773,27 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
         g = group_order[k]
         f = group_fragment[g]
         used[k] = f
-        early_base[k] = tasks
-        late_base[k] = tasks + meta[f, _EARLY]
+        task_base[k, 2] = tasks
+        task_base[k, 3] = tasks + meta[f, _EARLY]
         group_task[g] = tasks
         tasks += meta[f, _TASKS]
-        tensor_base[k] = tensors
+        tensor_base[k, 2] = tensors
         group_tensor[g] = tensors
         tensors += meta[f, _TENS]
     for k in range(num_pairs):
         f = pair_fragment[k]
         used[num_groups + k] = f
-        early_base[num_groups + k] = tasks
+        task_base[num_groups + k, 0] = group_task[pair_p[k]]
+        task_base[num_groups + k, 1] = group_task[pair_c[k]]
+        task_base[num_groups + k, 2] = tasks
+        tensor_base[num_groups + k, 0] = group_tensor[pair_p[k]]
+        tensor_base[num_groups + k, 1] = group_tensor[pair_c[k]]
         tasks += meta[f, _EARLY]
     for k in range(num_pairs):
         f = pair_fragment[k]
-        late_base[num_groups + k] = tasks
+        task_base[num_groups + k, 3] = tasks
         tasks += meta[f, _TASKS] - meta[f, _EARLY]
-        tensor_base[num_groups + k] = tensors
+        tensor_base[num_groups + k, 2] = tensors
         tensors += meta[f, _TENS]
     num_deps = 0
     num_reads = 0
@@ -757,93 +801,107 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
         num_deps += meta[used[k], _DEPS]
         num_reads += meta[used[k], _READS]
 
-    duration = np.empty(tasks)
-    kind = np.empty(tasks, dtype=np.int8)
-    group = np.empty(tasks, dtype=np.int64)
-    nres = np.empty(tasks, dtype=np.int64)
-    task_res = np.empty(tasks, dtype=np.int64)  # arena offset of each task's resources
+    # Runs of tasks in global order: every fragment's early tasks (compute blocks, then the pairs'
+    # transfers), then the pairs' late tasks. [runs] fragment, first and end task inside it, arena offset of
+    # the first one's resources.
+    run_fragment = np.empty(num_used + num_pairs, dtype=np.int64)
+    run_begin = np.empty(num_used + num_pairs, dtype=np.int64)
+    run_end = np.empty(num_used + num_pairs, dtype=np.int64)
+    run_res = np.empty(num_used + num_pairs, dtype=np.int64)
+    num_res = 0
     for k in range(num_used):
         f = used[k]
-        first, own, early = meta[f, _TASK0], meta[f, _TASKS], meta[f, _EARLY]
-        offset = meta[f, _RES0]
-        for i in range(own):
-            t = early_base[k] + i if i < early else late_base[k] + i - early
-            duration[t] = a_duration[first + i]
-            kind[t] = a_kind[first + i]
-            group[t] = a_group[first + i]
-            nres[t] = a_nres[first + i]
-            task_res[t] = offset
-            offset += a_nres[first + i]
-    res_ptr = np.zeros(tasks + 1, dtype=np.int64)
-    for t in range(tasks):
-        res_ptr[t + 1] = res_ptr[t] + nres[t]
-    res = np.empty(res_ptr[tasks], dtype=np.int64)
+        run_fragment[k], run_begin[k], run_end[k], run_res[k] = f, 0, meta[f, _EARLY], meta[f, _RES0]
+        num_res += meta[f, _RES]
+    runs = num_used
+    for k in range(num_groups, num_used):
+        f = used[k]
+        if meta[f, _TASKS] > meta[f, _EARLY]:
+            offset = meta[f, _RES0]
+            for i in range(meta[f, _TASK0], meta[f, _TASK0] + meta[f, _EARLY]):
+                offset += a_nres[i]
+            run_fragment[runs], run_begin[runs], run_end[runs] = f, meta[f, _EARLY], meta[f, _TASKS]
+            run_res[runs] = offset
+            runs += 1
+    duration = np.empty(tasks)
+    kind = np.empty(tasks, dtype=np.int8)
+    group = np.empty(tasks, dtype=np.int32)
+    res_ptr = np.empty(tasks + 1, dtype=np.int32)
+    res = np.empty(num_res, dtype=np.int32)
     compact = np.full(num_devices * num_devices, -1, dtype=np.int64)  # dense link -> its rank by first use
     link_dense = np.empty(num_devices * num_devices, dtype=np.int64)
     links = 0
-    for t in range(tasks):
-        for j in range(nres[t]):
-            r = np.int64(a_res[task_res[t] + j])
-            if r >= link_base:
-                dense = r - link_base
-                if compact[dense] < 0:
-                    compact[dense] = links
-                    link_dense[links] = dense
-                    links += 1
-                r = link_base + compact[dense]
-            res[res_ptr[t] + j] = r
+    t = 0
+    h = 0
+    for run in range(runs):
+        first = meta[run_fragment[run], _TASK0]
+        offset = run_res[run]
+        for i in range(first + run_begin[run], first + run_end[run]):
+            duration[t] = a_duration[i]
+            kind[t] = a_kind[i]
+            group[t] = a_group[i]
+            res_ptr[t] = h
+            for j in range(offset, offset + a_nres[i]):
+                r = np.int64(a_res[j])
+                if r >= link_base:
+                    dense = r - link_base
+                    if compact[dense] < 0:
+                        compact[dense] = links
+                        link_dense[links] = dense
+                        links += 1
+                    r = link_base + compact[dense]
+                res[h] = r
+                h += 1
+            offset += a_nres[i]
+            t += 1
+    res_ptr[tasks] = h
 
-    dep_task = np.empty(num_deps, dtype=np.int64)
-    dep_on = np.empty(num_deps, dtype=np.int64)
+    dep_task = np.empty(num_deps, dtype=np.int32)
+    dep_on = np.empty(num_deps, dtype=np.int32)
     # lags only where chunks are merged (otherwise empty: every dependency and tensor is ordinary)
     dep_lag = np.empty(num_deps if lagged else 0)
     read_lag = np.empty(num_reads if lagged else 0)
     alloc_lag = np.empty(tensors if lagged else 0)
     free_lag = np.empty(tensors if lagged else 0)
-    read_tensor = np.empty(num_reads, dtype=np.int64)
-    read_task = np.empty(num_reads, dtype=np.int64)
-    tensor_device = np.empty(tensors, dtype=np.int64)
+    read_tensor = np.empty(num_reads, dtype=np.int32)
+    read_task = np.empty(num_reads, dtype=np.int32)
+    tensor_device = np.empty(tensors, dtype=np.int32)
     tensor_bytes = np.empty(tensors)
-    tensor_producer = np.empty(tensors, dtype=np.int64)
+    tensor_producer = np.empty(tensors, dtype=np.int32)
     tensor_persistent = np.empty(tensors, dtype=np.bool_)
     e = 0
     q = 0
     for k in range(num_used):
         f = used[k]
-        # task references: [P's block | C's block | early own | late own]
-        block_p, block_c, early = meta[f, _BLOCK_P], meta[f, _BLOCK_C], meta[f, _EARLY]
-        tblock_p, tblock_c = meta[f, _TBLOCK_P], meta[f, _TBLOCK_C]
-        base_p = base_c = tbase_p = tbase_c = 0
-        if k >= num_groups:
-            base_p = group_task[pair_p[k - num_groups]]
-            base_c = group_task[pair_c[k - num_groups]]
-            tbase_p = group_tensor[pair_p[k - num_groups]]
-            tbase_c = group_tensor[pair_c[k - num_groups]]
+        bases = task_base[k]
+        tbases = tensor_base[k]
         for i in range(meta[f, _DEP0], meta[f, _DEP0] + meta[f, _DEPS]):
-            dep_task[e] = _task_ref(a_dep_task[i], block_p, block_c, early, base_p, base_c, early_base[k], late_base[k])
-            dep_on[e] = _task_ref(a_dep_on[i], block_p, block_c, early, base_p, base_c, early_base[k], late_base[k])
+            ref = a_dep_task[i]
+            dep_task[e] = bases[ref >> _SEGMENT_SHIFT] + (ref & _IN_SEGMENT)
+            ref = a_dep_on[i]
+            dep_on[e] = bases[ref >> _SEGMENT_SHIFT] + (ref & _IN_SEGMENT)
             if lagged:
                 dep_lag[e] = a_dep_lag[i]
             e += 1
         for i in range(meta[f, _READ0], meta[f, _READ0] + meta[f, _READS]):
-            read_task[q] = _task_ref(a_read_task[i], block_p, block_c, early, base_p, base_c, early_base[k],
-                                     late_base[k])
-            read_tensor[q] = _tensor_ref(a_read_tensor[i], tblock_p, tblock_c, tbase_p, tbase_c, tensor_base[k])
+            ref = a_read_task[i]
+            read_task[q] = bases[ref >> _SEGMENT_SHIFT] + (ref & _IN_SEGMENT)
+            ref = a_read_tensor[i]
+            read_tensor[q] = tbases[ref >> _SEGMENT_SHIFT] + (ref & _IN_SEGMENT)
             if lagged:
                 read_lag[q] = a_read_lag[i]
             q += 1
-        for i in range(meta[f, _TENS]):
-            n = tensor_base[k] + i
-            a = meta[f, _TEN0] + i
+        n = tbases[2]
+        for a in range(meta[f, _TEN0], meta[f, _TEN0] + meta[f, _TENS]):
             tensor_device[n] = a_tensor_device[a]
             tensor_bytes[n] = a_tensor_bytes[a]
             tensor_persistent[n] = a_tensor_persistent[a]
             if lagged:
                 alloc_lag[n] = a_alloc_lag[a]
                 free_lag[n] = a_free_lag[a]
-            producer = a_tensor_producer[a]
-            tensor_producer[n] = -1 if producer < 0 else _task_ref(producer, block_p, block_c, early, base_p, base_c,
-                                                                   early_base[k], late_base[k])
+            ref = a_tensor_producer[a]
+            tensor_producer[n] = -1 if ref < 0 else bases[ref >> _SEGMENT_SHIFT] + (ref & _IN_SEGMENT)
+            n += 1
     return (duration, kind, group, res_ptr, res, link_dense[:links].copy(), dep_task, dep_on, dep_lag, tensor_device,
             tensor_bytes, tensor_producer, alloc_lag, free_lag, tensor_persistent, read_tensor, read_task, read_lag)
 
@@ -978,30 +1036,6 @@ def _replica(unit, device, replicas, index, task_device):
     if replicas > 1:
         return index[device]
     return 0 if task_device[unit] == device else -1
-
-
-@_jit
-def _task_ref(ref, block_p, block_c, early, base_p, base_c, early_base, late_base):
-    """Global id of a fragment's task reference (numbering in :func:`_assemble`)."""
-    if ref < block_p:
-        return base_p + ref
-    ref -= block_p
-    if ref < block_c:
-        return base_c + ref
-    ref -= block_c
-    if ref < early:
-        return early_base + ref
-    return late_base + ref - early
-
-
-@_jit
-def _tensor_ref(ref, tblock_p, tblock_c, tbase_p, tbase_c, own_base):
-    if ref < tblock_p:
-        return tbase_p + ref
-    ref -= tblock_p
-    if ref < tblock_c:
-        return tbase_c + ref
-    return own_base + ref - tblock_c
 
 
 # ------------------------------------------------------------------------------------------------ entry points

@@ -223,23 +223,24 @@ def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, grou
     speeds = context.speed[list(devices)]
     gpu = context.cluster.gpu(devices[0])
     where = split_group(graph, ops, speeds, cost=gg.cost, gpu=gpu)  # [len(ops)] index into devices
-    op_device = {int(op): devices[int(k)] for op, k in zip(ops.tolist(), where.tolist())}
+    op_device = dict(zip(ops.tolist(), np.asarray(devices)[where].tolist()))
     pieces: list[Piece] = []
     op_piece: dict[int, int] = {}
     kept_rows, kept_fixed = tables.op_out_rows, tables.op_out_fixed
     for unit in tables.group_units[group].tolist():
         unit_ops = tables.unit_ops[unit]
-        device_of = np.array([op_device[int(op)] for op in unit_ops])
-        if not _pieces_acyclic(graph, unit_ops, device_of):
-            groups = [np.array([op]) for op in unit_ops.tolist()]
+        ops_list = unit_ops.tolist()
+        device_of = np.array([op_device[op] for op in ops_list])
+        present = sorted(set(device_of.tolist()))  # ascending, as ``devices`` is
+        if len(present) > 1 and not _pieces_acyclic(graph, ops_list, device_of):
+            groups = [np.array([op]) for op in ops_list]
         else:
-            groups = [unit_ops[device_of == d] for d in devices if (device_of == d).any()]
+            groups = [unit_ops[device_of == d] for d in present]
         for piece_ops in groups:
             device = op_device[int(piece_ops[0])]
             t = context.type_index[device]
             duration = float(tables.op_time_fixed[piece_ops, t].sum() + tables.op_time_scaled[piece_ops, t].sum())
-            for op in piece_ops.tolist():
-                op_piece[op] = len(pieces)
+            op_piece.update(dict.fromkeys(piece_ops.tolist(), len(pieces)))
             pieces.append(Piece(unit, device, piece_ops, duration, float(kept_rows[piece_ops].sum()),
                                 float(kept_fixed[piece_ops].sum())))
     result = (tuple(pieces), op_device, op_piece)
@@ -247,12 +248,12 @@ def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, grou
     return result
 
 
-def _pieces_acyclic(graph, unit_ops: np.ndarray, device_of: np.ndarray) -> bool:
-    if np.unique(device_of).size <= 1:
-        return True
-    local = {int(op): k for k, op in enumerate(unit_ops.tolist())}
+def _pieces_acyclic(graph, unit_ops: list[int], device_of: np.ndarray) -> bool:
+    """Whether the device pieces of a unit (ops ``unit_ops``, on ``device_of``, two devices or more) depend on
+    each other without a cycle."""
+    local = {op: k for k, op in enumerate(unit_ops)}
     src, dst = [], []
-    for k, op in enumerate(unit_ops.tolist()):
+    for k, op in enumerate(unit_ops):
         for succ in graph.successors(op).tolist():
             j = local.get(succ)
             if j is not None:

@@ -364,12 +364,19 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
     assignment = tables.group_graph.assignment
     found: dict[tuple, dict[tuple[int, int], list]] = {}
     producer = tables.use_producer[use_ids]  # [Q]
-    columns = zip(use_ids.tolist(), producer.tolist(), op_unit[producer].tolist(), assignment[producer].tolist(),
+    uses = use_ids.tolist()
+    use_consumers = [tables.use_consumers[q] for q in uses]  # [Q] consumer ops of each use
+    # the consumers' units of every use in one look-up (the bundles of a model-parallel pair are made per
+    # pair of layouts, so this loop runs in the search)
+    ends = np.cumsum([consumers.size for consumers in use_consumers]).tolist()
+    units = op_unit[np.concatenate(use_consumers)].tolist() if uses else []
+    columns = zip(uses, producer.tolist(), op_unit[producer].tolist(), assignment[producer].tolist(),
                   tables.use_group[use_ids].tolist(), tables.use_pclass[use_ids].tolist(),
-                  tables.use_demand[use_ids].tolist(), tables.use_bytes[use_ids].tolist())
-    use_consumers = tables.use_consumers
-    for q, p, unit_p, group_p, group_c, pclass, demand, nbytes in columns:
-        consumers = use_consumers[q]
+                  tables.use_demand[use_ids].tolist(), tables.use_bytes[use_ids].tolist(), use_consumers, ends)
+    begin = 0
+    for q, p, unit_p, group_p, group_c, pclass, demand, nbytes, consumers, end in columns:
+        consumer_units = units[begin:end]
+        begin = end
         if skip_local and group_p == group_c:
             # Readers in the producer's own unit read it inside the task (no sync edge lies inside a unit).
             consumers = consumers[op_unit[consumers] != unit_p]
@@ -378,7 +385,8 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
             demand = int(tables.op_demand[consumers].max())
             if always_local(pclass, demand):
                 continue
-        consumer_units = tuple(sorted(set(op_unit[consumers].tolist())))
+            consumer_units = [unit for unit in consumer_units if unit != unit_p]
+        consumer_units = tuple(sorted(set(consumer_units)))
         device = op_device.get(p, -1) if op_device is not None else -1
         # Input ops' tensors (parameters, the batch) exist from time 0 and all queue at once: each moves on
         # its own, in op order, as at op level (one merged transfer would take the NICs in another order).
@@ -392,9 +400,10 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
     bundles: dict[tuple[int, int], list[Bundle]] = {}
     for (group_p, unit_p, device, group_c, consumer_units), categories in found.items():
         cats = sorted(categories)
-        bundle = Bundle(group_p, max(unit_p, NO_UNIT), device, group_c, consumer_units, tuple(c[0] for c in cats),
-                        tuple(c[1] for c in cats), tuple(categories[c][0] for c in cats),
-                        tuple(categories[c][1] for c in cats), tuple(tuple(categories[c][2]) for c in cats))
+        pclasses, demands = zip(*cats)
+        category_bytes, category_counts, category_uses = zip(*[categories[c] for c in cats])
+        bundle = Bundle(group_p, max(unit_p, NO_UNIT), device, group_c, consumer_units, pclasses, demands,
+                        category_bytes, category_counts, tuple(map(tuple, category_uses)))
         bundles.setdefault((group_p, group_c), []).append(bundle)
     return bundles
 

@@ -1,20 +1,21 @@
 """The fast simulator that search calls thousands of times: list scheduling over flat arrays, compiled.
 
-It runs the rules of :mod:`tag.sim.reference` without events. Tasks are taken one at a time from a heap
-of the tasks whose dependencies have all been scheduled, keyed ``(ready time, task id)``; each starts
-at ``max(ready time, free time of each resource it holds)`` and pushes those free times to its finish.
+It runs the rules of :mod:`tag.sim.reference` without events. Tasks are taken one at a time from a
+priority queue of the tasks whose dependencies have all been scheduled, keyed ``(ready time, task id)``
+(a radix heap, which the order of point 1 below allows); each starts at ``max(ready time, free time of
+each resource it holds)`` and pushes those free times to its finish.
 A task's ready time is the latest *release* of its dependencies: the predecessor's start plus the
 dependency's lag (:class:`tag.sim.taskgraph.Lags`), which is the predecessor's duration, so its finish bit
 for bit, except inside merged chunk tasks (:mod:`tag.sim.merge`).
 
 Why this equals the event simulation:
 
-1. Ready times leave the heap in non-decreasing order: a task enters the heap when its last dependency
+1. Ready times leave the queue in non-decreasing order: a task enters the queue when its last dependency
    is taken, with a ready time no earlier than that dependency's release, hence no earlier than its
    start (lags are never negative), hence no earlier than the ready time just taken. So every resource
    sees its tasks in the order the event simulation queues
    them (by ready time, then id among the tasks known at that instant): a task that becomes ready at t
-   only through a zero-duration task started at t enters the heap after the (t, ·) keys already taken,
+   only through a zero-duration task started at t enters the queue after the (t, ·) keys already taken,
    exactly as the event simulation queues it behind the tasks of instant t already queued.
 2. Under strict FIFO a task starts when it heads every queue it is in and those resources are free,
    i.e. once its predecessor in each queue has finished and it is ready: the max above. Both paths add

@@ -39,65 +39,70 @@ except ImportError:  # pragma: no cover - exercised only without numba
     COMPILED = False
 
 
-# ------------------------------------------------------------------------------------------- the ready heap
-# A binary min-heap of (ready time, task id) kept in two parallel arrays; ids are unique, so the order in
-# which tasks leave it does not depend on the order they entered it.
+# ------------------------------------------------------------------------------------------- the ready queue
+# Ready times leave the queue in non-decreasing order (tag.sim.fast), which allows a *radix heap*: with
+# ``last`` the ready time taken most recently, a task waits in bucket j > 0 when the highest bit in which its
+# ready time differs from ``last``'s is bit j - 1 (the IEEE bits of non-negative floats order as integers), so
+# every task of a lower bucket comes before every task of a higher one and a task goes in without comparing
+# times. The tasks ready at ``last`` itself (bucket 0) sit in a binary heap of ids, which breaks the ties:
+# they are most of the tasks taken (a task's finish releases its successors together), a few at a time.
+# Emptying the lowest non-empty bucket makes its smallest ready time ``last`` and spreads its tasks over
+# lower buckets, each task moving down a few times at most. On BERT-Large's 20 k tasks this schedules
+# about 1.5 times as fast as a binary heap of (ready time, id).
+
+if COMPILED:
+    from numba.cpython.unsafe.numbers import leading_zeros, trailing_zeros
+
+    @_jit
+    def _bucket(bits, last):
+        """Bucket (1..63) of a ready time whose bits differ from ``last``'s: its highest differing bit + 1."""
+        return 64 - leading_zeros(np.uint64(bits ^ last))
+
+    @_jit
+    def _lowest_bucket(nonempty):
+        """The lowest bucket whose bit is set in the mask ``nonempty`` (not 0)."""
+        return np.int64(trailing_zeros(nonempty))
+else:  # pragma: no cover - exercised only without numba
+
+    def _bucket(bits, last):
+        return int(bits ^ last).bit_length()
+
+    def _lowest_bucket(nonempty):
+        return (int(nonempty) & -int(nonempty)).bit_length() - 1
 
 
 @_jit
-def _heap_push(keys, ids, size, key, task):
-    """Insert (key, task) into the heap of ``size`` entries; returns the new size."""
-    _sift_up(keys, ids, size, key, task)
+def _id_push(heap, size, task):
+    """Insert ``task`` into the min-heap of ids ``heap[:size]``; returns the new size."""
+    position = size
+    while position > 0:
+        parent = (position - 1) // 2
+        if heap[parent] < task:
+            break
+        heap[position] = heap[parent]
+        position = parent
+    heap[position] = task
     return size + 1
 
 
 @_jit
-def _sift_up(keys, ids, position, key, task):
-    """Put (key, task) in the hole at ``position``, moving it up past every larger parent."""
-    while position > 0:
-        parent = (position - 1) // 2
-        if keys[parent] > key or (keys[parent] == key and ids[parent] > task):
-            keys[position] = keys[parent]
-            ids[position] = ids[parent]
-            position = parent
-        else:
-            break
-    keys[position] = key
-    ids[position] = task
-
-
-@_jit
-def _heap_pop_root(keys, ids, size):
-    """Remove the root of the heap of ``size`` entries (read it first); returns the new size. Slots from
-    ``size`` on hold the sentinel (inf, -1), which no entry follows, so that a node's second child can be
-    read without a bounds test. The hole left by the root goes down to a leaf along the smaller child, picked
-    without a branch (the picks of a heap are unpredictable), and the last entry rises from there: it
-    belongs near the bottom, so this does about one comparison a level instead of two."""
+def _id_pop(heap, size):
+    """(smallest id, new size) of the min-heap of ids ``heap[:size]``, which loses it."""
+    top = heap[0]
     size -= 1
-    key, task = keys[size], ids[size]
-    keys[size] = np.inf
-    ids[size] = -1
-    if size == 0:
-        return 0
-    _heap_replace_root(keys, ids, size, key, task)  # the last entry refills the root's place
-    return size
-
-
-@_jit
-def _heap_replace_root(keys, ids, size, key, task):
-    """Put (key, task) in place of the root of the heap of ``size`` entries: the root's hole goes down to a
-    leaf along the smaller child, as in :func:`_heap_pop_root`, and (key, task) rises from there. One descent
-    where a pop and a push would take two."""
+    task = heap[size]
     position = 0
     child = 1
     while child < size:
-        right_key, left_key = keys[child + 1], keys[child]
-        child += np.int64((right_key < left_key) | ((right_key == left_key) & (ids[child + 1] < ids[child])))
-        keys[position] = keys[child]
-        ids[position] = ids[child]
+        if child + 1 < size and heap[child + 1] < heap[child]:
+            child += 1
+        if task < heap[child]:
+            break
+        heap[position] = heap[child]
         position = child
         child = 2 * position + 1
-    _sift_up(keys, ids, position, key, task)
+    heap[position] = task
+    return top, size
 
 
 # ------------------------------------------------------------------------------------------- scheduling
@@ -111,34 +116,57 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
     successors, succ_lag [E'] the seconds after its predecessor's start at which each dependency is met (the
     predecessor's duration for an ordinary dependency: then start + lag is its finish, bit for bit; empty:
     every dependency is ordinary); indegree [T] number of predecessors (as listed in the successor CSR,
-    duplicates included).
+    duplicates included). The ready queue is a radix heap (above).
     """
     num_tasks = duration.size
     lagged = succ_lag.size > 0
     waiting = indegree.copy()
     ready = np.zeros(num_tasks)  # latest release among the dependencies scheduled so far
+    bits = ready.view(np.int64)  # its IEEE bits: never -0.0 (ready times only grow from +0.0)
     free = np.zeros(num_resources)  # finish of the last task scheduled on each resource
     start = np.empty(num_tasks)
     finish = np.empty(num_tasks)
-    keys = np.full(num_tasks + 1, np.inf)  # the heap, sentinels past its end (_heap_pop_root)
-    ids = np.full(num_tasks + 1, -1, dtype=np.int64)
-    # The tasks with no dependency, all keyed 0, come in ascending ids: a sorted stream merged with the heap
-    # rather than thousands of entries in it. Keys are never below 0, so the heap's root goes first only when
-    # it is keyed 0 with a smaller id.
-    # A task taken from the heap stays at its root until it is scheduled: the first successor it makes ready
-    # takes its place (_heap_replace_root), and only a task that makes none ready is popped.
+    first = np.full(64, -1, dtype=np.int64)  # [64] first task of each bucket's list, -1 if empty
+    next_task = np.empty(num_tasks, dtype=np.int64)  # [T] the bucket lists
+    nonempty = np.uint64(0)  # bit j set: bucket j holds a task
+    tied = np.empty(num_tasks, dtype=np.int64)  # bucket 0: heap of the ids ready at ``last``
+    num_tied = 0
+    last = np.int64(0)
+    # The tasks with no dependency, all ready at 0, come in ascending ids: a sorted stream that is part of
+    # bucket 0 until it runs out (``last`` stays 0 until then), merged with the heap of ids.
     sources = np.flatnonzero(waiting == 0)
     head = 0
-    size = 0
-    while head < sources.size or size > 0:
-        at_root = size > 0 and (head == sources.size or (keys[0] == 0.0 and ids[0] < sources[head]))
-        if at_root:
-            begin = keys[0]
-            task = ids[0]
-        else:
-            begin = 0.0
+    while True:
+        if head < sources.size and (num_tied == 0 or sources[head] < tied[0]):
             task = sources[head]
             head += 1
+        elif num_tied > 0:
+            task, num_tied = _id_pop(tied, num_tied)
+        elif nonempty != 0:  # the lowest bucket: its smallest ready time is the next one
+            j = _lowest_bucket(nonempty)
+            nonempty &= ~(np.uint64(1) << np.uint64(j))
+            t = first[j]
+            first[j] = -1
+            last = bits[t]
+            u = next_task[t]
+            while u >= 0:
+                if bits[u] < last:
+                    last = bits[u]
+                u = next_task[u]
+            while t >= 0:
+                u = next_task[t]
+                if bits[t] == last:
+                    num_tied = _id_push(tied, num_tied, t)
+                else:
+                    b = _bucket(bits[t], last)
+                    next_task[t] = first[b]
+                    first[b] = t
+                    nonempty |= np.uint64(1) << np.uint64(b)
+                t = u
+            continue
+        else:
+            break
+        begin = ready[task]
         for k in range(res_ptr[task], res_ptr[task + 1]):
             if free[res[k]] > begin:
                 begin = free[res[k]]
@@ -154,13 +182,13 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
                 ready[successor] = release
             waiting[successor] -= 1
             if waiting[successor] == 0:
-                if at_root:
-                    _heap_replace_root(keys, ids, size, ready[successor], successor)
-                    at_root = False
+                if bits[successor] == last:
+                    num_tied = _id_push(tied, num_tied, successor)
                 else:
-                    size = _heap_push(keys, ids, size, ready[successor], successor)
-        if at_root:
-            size = _heap_pop_root(keys, ids, size)
+                    b = _bucket(bits[successor], last)
+                    next_task[successor] = first[b]
+                    first[b] = successor
+                    nonempty |= np.uint64(1) << np.uint64(b)
     return start, finish
 
 
@@ -170,38 +198,40 @@ def successors_csr(num_tasks, dep_task, dep_on, dep_lag):
     dep_on[k] until dep_lag[k] seconds after its start" [E], duplicates merged (the largest lag kept; a
     counting sort by dep_on). An empty dep_lag (ordinary dependencies) gives an empty succ_lag."""
     lagged = dep_lag.size > 0
-    count = np.zeros(num_tasks + 1, dtype=np.int64)
+    first = np.zeros(num_tasks + 1, dtype=np.int64)  # first slot of each task's list; while placing, next one
     for k in range(dep_on.size):
-        count[dep_on[k] + 1] += 1
+        first[dep_on[k] + 1] += 1
     for t in range(num_tasks):
-        count[t + 1] += count[t]
-    slot = count[:-1].copy()
-    succ = np.empty(dep_on.size, dtype=np.int64)
+        first[t + 1] += first[t]
+    succ = np.empty(dep_on.size, dtype=dep_task.dtype)
     lag = np.empty(dep_on.size if lagged else 0)
     for k in range(dep_on.size):
-        succ[slot[dep_on[k]]] = dep_task[k]
+        slot = first[dep_on[k]]
+        succ[slot] = dep_task[k]
         if lagged:
-            lag[slot[dep_on[k]]] = dep_lag[k]
-        slot[dep_on[k]] += 1
+            lag[slot] = dep_lag[k]
+        first[dep_on[k]] = slot + 1  # ends as the first slot of the next task's list
     # merge duplicates inside each task's list, compacting in place
     stamp = np.full(num_tasks, -1, dtype=np.int64)
-    where = np.zeros(num_tasks, dtype=np.int64)
-    indegree = np.zeros(num_tasks, dtype=np.int64)
-    succ_ptr = np.zeros(num_tasks + 1, dtype=np.int64)
+    where = np.empty(num_tasks if lagged else 0, dtype=np.int64)  # slot kept for each successor (lags only)
+    indegree = np.zeros(num_tasks, dtype=dep_task.dtype)
+    succ_ptr = np.zeros(num_tasks + 1, dtype=np.int64)  # int64: loops bounded by int32 run slower in numba
     kept = 0
+    begin = 0
     for t in range(num_tasks):
-        for k in range(count[t], count[t + 1]):
+        for k in range(begin, first[t]):
             successor = succ[k]
             if stamp[successor] != t:
                 stamp[successor] = t
-                where[successor] = kept
-                succ[kept] = successor
                 if lagged:
+                    where[successor] = kept
                     lag[kept] = lag[k]
+                succ[kept] = successor
                 kept += 1
                 indegree[successor] += 1
             elif lagged and lag[k] > lag[where[successor]]:
                 lag[where[successor]] = lag[k]
+        begin = first[t]
         succ_ptr[t + 1] = kept
     return succ_ptr, succ[:kept], lag[:kept] if lagged else lag, indegree
 
@@ -250,6 +280,7 @@ def _radix_order(times):
         counts[2, np.int64((key >> np.uint32(22)) & mask)] += 1
     order = np.arange(n)
     spare = np.empty(n, dtype=np.int64)
+    spare_keys = np.empty(n, dtype=np.uint32)
     for step in range(3):
         if n == 0 or counts[step].max() == n:
             continue
@@ -259,20 +290,27 @@ def _radix_order(times):
             c = counts[step, b]
             counts[step, b] = total
             total += c
-        for i in range(n):
-            j = order[i]
-            b = np.int64((keys[j] >> shift) & mask)
-            spare[counts[step, b]] = j
-            counts[step, b] += 1
+        for i in range(n):  # the keys move with the order, so that each pass reads them in sequence
+            key = keys[i]
+            b = np.int64((key >> shift) & mask)
+            slot = counts[step, b]
+            spare[slot] = order[i]
+            spare_keys[slot] = key
+            counts[step, b] = slot + 1
         order, spare = spare, order
+        keys, spare_keys = spare_keys, keys
+    ordered = times[order]  # [n] the times in that order
     for i in range(1, n):  # within a run of equal keys: insertion by exact time (strictly greater moves)
-        j = order[i]
-        t = times[j]
-        k = i - 1
-        while k >= 0 and times[order[k]] > t:
-            order[k + 1] = order[k]
-            k -= 1
-        order[k + 1] = j
+        t = ordered[i]
+        if ordered[i - 1] > t:
+            j = order[i]
+            k = i - 1
+            while k >= 0 and ordered[k] > t:
+                ordered[k + 1] = ordered[k]
+                order[k + 1] = order[k]
+                k -= 1
+            ordered[k + 1] = t
+            order[k + 1] = j
     return order
 
 
@@ -292,23 +330,27 @@ def peak_memory(num_devices, tensor_device, tensor_bytes, tensor_persistent, pro
             persistent[tensor_device[i]] += tensor_bytes[i]
         else:
             transient += 1
-    tensor = np.empty(transient, dtype=np.int64)  # [n] the transient tensors
-    times = np.empty(2 * transient)  # [2n] their frees, then their allocations (a stable sort keeps frees first)
+    # [2n] the transient tensors' frees, then their allocations (a stable sort keeps frees first), with the
+    # device and the change of live bytes of each, so that the sweep reads them in one place
+    times = np.empty(2 * transient)
+    device = np.empty(2 * transient, dtype=tensor_device.dtype)
+    change = np.empty(2 * transient)
     j = 0
     for i in range(tensor_device.size):
         if not tensor_persistent[i]:
-            tensor[j] = i
             times[j] = free[i]
             times[transient + j] = alloc[i]
+            device[j] = device[transient + j] = tensor_device[i]
+            change[j] = -tensor_bytes[i]
+            change[transient + j] = tensor_bytes[i]
             j += 1
     order = _radix_order(times)
     live = np.zeros(num_devices)
     peak = np.zeros(num_devices)
     for k in range(order.size):
         i = order[k]
-        t = tensor[i if i < transient else i - transient]
-        d = tensor_device[t]
-        live[d] += -tensor_bytes[t] if i < transient else tensor_bytes[t]
+        d = device[i]
+        live[d] += change[i]
         if live[d] > peak[d]:
             peak[d] = live[d]
     return persistent + peak
@@ -328,6 +370,7 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
     met edge_lag [E] seconds after the predecessor's start (empty: at its finish); summed in CSR order."""
     first = np.full(num_groups, np.inf)
     last = np.full(num_groups, -np.inf)
+    busy = np.zeros(num_resources)
     for t in range(group.size):
         g = group[t]
         if g >= 0:
@@ -335,18 +378,19 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
                 first[g] = start[t]
             if finish[t] > last[g]:
                 last[g] = finish[t]
+        for k in range(res_ptr[t], res_ptr[t + 1]):
+            busy[res[k]] += duration[t]
     wait = np.zeros(num_groups)
     count = np.zeros(num_groups, dtype=np.int64)
+    lagged = edge_lag.size > 0
     for a in range(edge_ptr.size - 1):
+        if by_predecessor and (kind[a] != TASK_COMPUTE or group[a] < 0):
+            continue  # a feeds no wait: its whole list is skipped
         for k in range(edge_ptr[a], edge_ptr[a + 1]):
             p, t = (a, edge_end[k]) if by_predecessor else (edge_end[k], a)
             if kind[p] == TASK_COMPUTE and kind[t] != TASK_COMPUTE and group[p] >= 0:
-                wait[group[p]] += start[t] - (start[p] + edge_lag[k] if edge_lag.size > 0 else finish[p])
+                wait[group[p]] += start[t] - (start[p] + edge_lag[k] if lagged else finish[p])
                 count[group[p]] += 1
-    busy = np.zeros(num_resources)
-    for t in range(group.size):
-        for k in range(res_ptr[t], res_ptr[t + 1]):
-            busy[res[k]] += duration[t]
     return first, last, wait, count, busy
 
 
