@@ -4,16 +4,18 @@ For each topology family (2D mesh, 2D torus, random_blk_1, random_blk_2, uniform
 and pipeline shape (S, D/S): cut a zoo model into S stages (PipeDream-style contiguous DP at R = D/S,
 M = min(S, batch/R) micro-batches), build the Parmesan mapping problem (seconds per iteration), and place
 it with every mapper: the exact solver (binary search + DFS, with a time limit), the learned mapper (the
-mapping GNN's priors and greedy fill on tag.search.MappingEnv, up to ``--learned-iterations`` MCTS leaves
-after the greedy decode, none when it meets the quick lower bound; the shipped checkpoints/tag-mapper.pt,
-trained on other models and topology seeds), pure MCTS (uniform priors), CS map and p2p map. Gap =
+mapping GNN's greedy decode on tag.search.MappingEnv, then ``--learned-discrepancies`` one-discrepancy
+leaves (default: one per stage replica) and ``--learned-iterations`` MCTS leaves with its priors and greedy
+fill, stopping once a map meets the quick lower bound; the shipped checkpoints/tag-mapper.pt, trained on
+other models and topology seeds), pure MCTS (uniform priors), CS map and p2p map. Gap =
 (t − bound) / t against the exact solver's bound: the optimum when it was proven, else its best lower bound.
 
 Writes a markdown report and two plots (median gap and median solve time against devices) and prints the
 tables; the last line of stdout is one JSON object of every figure.
 
     .venv/bin/python scripts/compare_mappers.py [--devices 8 16 32 64 128 256] [--time-limit 10]
-        [--mcts-iterations 1000] [--learned-iterations 32] [--policy CKPT] [--model bert-large]
+        [--mcts-iterations 1000] [--learned-iterations 32] [--learned-discrepancies N] [--policy CKPT]
+        [--model bert-large]
         [--out docs/compare_mappers]
 """
 
@@ -52,7 +54,7 @@ MAPPERS = ("exact", "learned", "pure MCTS", "CS", "p2p")
 
 
 def run_instance(model: str, family: str, devices: int, stages: int, time_limit: float, iterations: int,
-                 policy: MappingPolicy, learned_iterations: int) -> dict:
+                 policy: MappingPolicy, learned_iterations: int, learned_discrepancies: int | None) -> dict:
     cluster = resolve_cluster(FAMILIES[family](devices))
     replicas = devices // stages
     problem = MappingProblem.from_stage_graph(zoo_stage_graph(model, stages, replicas), replicas, cluster)
@@ -63,7 +65,7 @@ def run_instance(model: str, family: str, devices: int, stages: int, time_limit:
     times = {"exact": (exact.max_stage_time, time.perf_counter() - start)}
     start = time.perf_counter()
     mapping = learned_mapping(problem, policy, instantiation=mode, iterations=learned_iterations,
-                              time_limit_s=time_limit)
+                              discrepancies=learned_discrepancies, time_limit_s=time_limit)
     times["learned"] = (max_stage_time(problem, mapping, mode), time.perf_counter() - start)
     start = time.perf_counter()
     env = MappingEnv(problem, instantiation=mode, lower_bound=exact.lower_bound)
@@ -98,7 +100,8 @@ def summarise(rows: list[dict]) -> dict[int, dict[str, dict[str, float]]]:
 
 def markdown(summary: dict, args: argparse.Namespace) -> str:
     lines = [f"# Stage-to-device mappers: {args.model}, exact time limit {args.time_limit:g} s, "
-             f"learned {args.learned_iterations} + 1 iterations, pure MCTS {args.mcts_iterations} iterations", "",
+             f"learned {_discrepancies(args)} discrepancy + {args.learned_iterations} MCTS leaves, "
+             f"pure MCTS {args.mcts_iterations} iterations", "",
              "Median gap to the exact solver's bound (the optimum where proven), per device count, over "
              f"{len(FAMILIES)} topology families × {len(args.stages)} pipeline depths.", "",
              "| devices | proven | " + " | ".join(f"{m} gap" for m in MAPPERS) + " | "
@@ -110,6 +113,10 @@ def markdown(summary: dict, args: argparse.Namespace) -> str:
         lines.append(f"| {devices} | {row['proven']['count']}/{row['proven']['of']} | {gaps} | {seconds} |")
     lines += ["", f"Regenerate: `.venv/bin/python scripts/compare_mappers.py {' '.join(sys.argv[1:])}`".rstrip(), ""]
     return "\n".join(lines)
+
+
+def _discrepancies(args: argparse.Namespace) -> str:
+    return "S·R" if args.learned_discrepancies is None else str(args.learned_discrepancies)
 
 
 def plot(summary: dict, out: Path) -> list[str]:
@@ -149,7 +156,9 @@ def main() -> None:
     parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=list(FAMILIES))
     parser.add_argument("--time-limit", type=float, default=10.0, help="seconds for the exact solver and MCTS each")
     parser.add_argument("--mcts-iterations", type=int, default=1000)
-    parser.add_argument("--learned-iterations", type=int, default=32, help="most MCTS leaves after the greedy decode")
+    parser.add_argument("--learned-iterations", type=int, default=32,
+                        help="most MCTS leaves after the discrepancy pass")
+    parser.add_argument("--learned-discrepancies", type=int, help="most one-discrepancy leaves (default: one per slot)")
     parser.add_argument("--policy", type=Path, help="mapping GNN checkpoint (default: checkpoints/tag-mapper.pt)")
     parser.add_argument("--out", type=Path, default=Path("docs/compare_mappers"), help="report path prefix")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -164,7 +173,7 @@ def main() -> None:
         for family, devices, stages in cells:
             progress.update(task, description=f"{family}, {devices} devices, S={stages}")
             rows.append(run_instance(args.model, family, devices, stages, args.time_limit, args.mcts_iterations,
-                                     policy, args.learned_iterations))
+                                     policy, args.learned_iterations, args.learned_discrepancies))
             progress.advance(task)
     summary = summarise(rows)
     report = markdown(summary, args)
@@ -184,6 +193,7 @@ def main() -> None:
         Console().print(f"wrote {args.out.with_suffix('.md')}, {', '.join(plots)}")
     print(json.dumps({"model": args.model, "time_limit_s": args.time_limit, "mcts_iterations": args.mcts_iterations,
                       "learned_iterations": args.learned_iterations,
+                      "learned_discrepancies": args.learned_discrepancies,
                       "summary": {str(k): v for k, v in summary.items()}, "instances": rows}))
 
 

@@ -70,3 +70,24 @@ def test_mcts_mapper_places_a_pipeline_and_reports_its_bound():
     assert plan.lower_bound is not None and plan.lower_bound <= plan.max_stage_time * (1 + 1e-12)
     exact = plan_pipeline(graph, cluster, stages=2, replicas=2, mapper=make_mapper("exact", time_limit=30))
     assert exact.proven_optimal and exact.max_stage_time <= plan.max_stage_time * (1 + 1e-12)
+
+
+def test_mcts_early_stops_on_a_value_or_after_patience():
+    """stop_value: no iteration runs once the best value (the CS map's, at the start) reaches it;
+    patience: the search ends that many iterations after its last improvement; without them it spends
+    its whole budget, and passing None changes nothing."""
+    problem = random_problem(np.random.default_rng(3), 8, 2, 3)
+    env = MappingEnv(problem)
+    plain = mcts_search(env, uniform_mapping_evaluator, max_iterations=60, seed=1)
+    same = mcts_search(MappingEnv(problem), uniform_mapping_evaluator, max_iterations=60, seed=1, stop_value=None,
+                       patience=None)
+    assert plain.num_iterations == same.num_iterations == 60 and np.array_equal(plain.best, same.best)
+    stopped = mcts_search(MappingEnv(problem), uniform_mapping_evaluator, max_iterations=60, seed=1,
+                          stop_value=env.baseline().value)
+    assert stopped.num_iterations == 0
+    patient = mcts_search(MappingEnv(problem), uniform_mapping_evaluator, max_iterations=60, seed=1, patience=3)
+    assert patient.num_iterations == patient.history[-1].iteration + 3 < 60
+    assert [p.iteration for p in patient.history] == [p.iteration for p in plain.history][:len(patient.history)]
+    for bad in ({"patience": 0}, {"patience": 1.5}, {"stop_value": float("nan")}):
+        with pytest.raises(ValueError):
+            mcts_search(MappingEnv(problem), uniform_mapping_evaluator, max_iterations=5, **bad)

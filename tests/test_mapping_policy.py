@@ -162,6 +162,117 @@ def test_greedy_completion_and_fill_extend_the_state():
         env.mapping((5,))
 
 
+def _trained_sign_policy(seed: int = 0) -> MappingPolicy:
+    torch.manual_seed(seed)
+    policy = MappingPolicy(SMALL)
+    with torch.no_grad():
+        policy.crowding.fill_(-0.7)
+    return policy
+
+
+@pytest.mark.parametrize("mode,cluster", [(ALLREDUCE, "mesh2d:4x4"), (ALLREDUCE, "random-blk-2:16,seed=1"),
+                                          (P2P, "tag-random:seed=3")])
+def test_memoised_decoder_equals_a_fresh_one_on_every_prefix(mode, cluster):
+    """One decoder asked along a search (completions, priors, closing tables shared across prefixes)
+    gives what a fresh decoder computes from scratch for each prefix; the greedy decode is Markov."""
+    devices = resolve_cluster(cluster).num_devices
+    problem = _problem(3, 4, devices // 4, cluster)
+    _, instance = _instance(problem, mode)
+    policy = _trained_sign_policy()
+    shared = MappingDecoder(policy, instance)
+    greedy = shared.complete([])
+    rng = np.random.default_rng(0)
+    for j in range(instance.num_slots):  # every prefix of the greedy decode completes to it
+        assert shared.complete(greedy[:j]) == greedy
+        assert MappingDecoder(policy, instance).complete(greedy[:j]) == greedy
+    for _ in range(12):  # random prefixes, some sharing a device set in another order
+        prefix = rng.permutation(devices)[:int(rng.integers(1, instance.num_slots))].tolist()
+        for state in (prefix, prefix[::-1]):
+            fresh = MappingDecoder(policy, instance)
+            assert shared.complete(state) == fresh.complete(state)
+            np.testing.assert_array_equal(shared.logits(state), fresh.logits(state))
+            np.testing.assert_array_equal(shared.priors(state), fresh.priors(state))
+
+
+@pytest.mark.parametrize("mode,cluster", [(ALLREDUCE, "mesh2d:4x4"), (ALLREDUCE, "uniform-dist:16,seed=3"),
+                                          (P2P, "tag-random:seed=3")])
+def test_greedy_kernel_is_the_argmax_of_the_step_by_step_logits_compiled_or_not(mode, cluster, monkeypatch):
+    """The compiled completion takes, slot by slot, the device of highest rounded logit that
+    :meth:`MappingDecoder.logits` (numpy, as training) gives; run as plain Python, it gives the same."""
+    import tag.policy.mapping as mapping
+
+    devices = resolve_cluster(cluster).num_devices
+    problem = _problem(8, 4, devices // 4, cluster, latency=True)
+    _, instance = _instance(problem, mode)
+    policy = _trained_sign_policy()
+    prefix = [3, 1]
+    compiled = MappingDecoder(policy, instance).complete(prefix)
+    stepped = list(prefix)
+    reference = MappingDecoder(policy, instance)
+    while len(stepped) < instance.num_slots:
+        stepped.append(int(np.argmax(np.round(reference.logits(stepped), 6))))
+    assert compiled == stepped
+    for name in ("_greedy_kernel", "_closing_rows"):
+        kernel = getattr(mapping, name)
+        monkeypatch.setattr(mapping, name, getattr(kernel, "py_func", kernel))
+    assert MappingDecoder(policy, instance).complete(prefix) == compiled
+
+
+def test_cached_closing_tables_equal_rebuilt_ones():
+    """Two prefixes with the same replica-0 device and the same used set share one closing table, which
+    equals the table rebuilt for either; another set gets its own."""
+    problem = _problem(4, 2, 8, "mesh2d:4x4")
+    _, instance = _instance(problem, ALLREDUCE)
+    decoder = MappingDecoder(_trained_sign_policy(), instance)
+    look = [k for k in range(instance.num_slots) if instance.ring_start[k] > 0]  # the second ring's replicas
+    k, first = look[0], int(instance.ring_start[look[0]])
+    prefix = list(range(first)) + [first]
+    shuffled = list(range(first))[::-1] + [first]  # same set, same replica 0, other order
+    other = list(range(1, first + 1)) + [first + 1]  # another set
+    for devices in (prefix, shuffled, other):
+        state = devices + [15]
+        np.testing.assert_array_equal(decoder._return_cost(k, state),
+                                      instance.closing_table(k, state)[instance.hops_left[k] - 1])
+    assert len(decoder._closing) == 2
+
+
+@pytest.mark.parametrize("mode", [P2P, ALLREDUCE])
+def test_running_time_bounds_the_objective_and_bounded_completions_give_up_only_on_slower_maps(mode):
+    """T after every slot never exceeds the map's max stage time, so a completion given up under a
+    bound would have been no faster than it; one kept is the unbounded completion."""
+    problem = _problem(6, 4, 4, "uniform-dist:16,seed=2", latency=True)
+    env, instance = _instance(problem, mode)
+    decoder = MappingDecoder(_trained_sign_policy(), instance)
+    rng = np.random.default_rng(1)
+    for _ in range(10):
+        devices = rng.permutation(16).tolist()
+        mapping = np.empty((4, 4), dtype=np.int64)
+        mapping[env.slot_stage, env.slot_replica] = devices
+        assert decoder._running_time(devices) * instance.scale <= max_stage_time(problem, mapping, mode) * (1 + 1e-12)
+        prefix = devices[:int(rng.integers(0, 8))]
+        full = MappingDecoder(_trained_sign_policy(), instance).complete(prefix)
+        seconds = env.score(env.mapping(tuple(full))).time
+        for bound in (0.5 * seconds, seconds, 2.0 * seconds):
+            kept = MappingDecoder(_trained_sign_policy(), instance).complete(prefix, bound=bound)
+            assert kept == full if kept is not None else seconds >= bound
+
+
+@pytest.mark.parametrize("mode", [P2P, ALLREDUCE])
+def test_discrepancy_pass_never_loses_to_the_greedy_decode_and_stops_at_its_budget(mode, monkeypatch):
+    problem = _problem(7, 4, 4, "random-blk-1:16,seed=4")
+    policy = _trained_sign_policy()
+    greedy = learned_mapping(problem, policy, instantiation=mode, iterations=0, discrepancies=0)
+    searched = learned_mapping(problem, policy, instantiation=mode, iterations=0)
+    assert max_stage_time(problem, searched, mode) <= max_stage_time(problem, greedy, mode)
+    calls = []
+    original = MappingDecoder.complete
+    monkeypatch.setattr(MappingDecoder, "complete", lambda self, devices, **kw: calls.append(kw.get("bound"))
+                        or original(self, devices, **kw))
+    learned_mapping(problem, policy, instantiation=mode, iterations=0, discrepancies=5)
+    leaves = [bound for bound in calls if bound is not None]  # the pass's leaves (the env's fill has no bound)
+    assert len(leaves) == 5 and leaves == sorted(leaves, reverse=True)  # each bounded by the best so far
+
+
 @pytest.mark.parametrize("mode", [P2P, ALLREDUCE])
 def test_learned_mapper_is_valid_and_never_worse_than_cs(mode):
     """Even an untrained policy: the CS map is among the search's candidates."""
@@ -179,6 +290,7 @@ def test_learned_mapper_skips_the_search_when_the_greedy_decode_meets_the_bound(
     problem = MappingProblem(np.array([1.0, 2.0]), np.array([0]), np.array([1]), np.array([1e8]),
                              np.array([1e9, 1e9]), 3, np.full((6, 6), 1e10))
     monkeypatch.setattr(tag.search, "mcts_search", lambda *args, **kwargs: pytest.fail("the search ran"))
+    monkeypatch.setattr("tag.policy.mapping._discrepancy_pass", lambda *args: pytest.fail("the pass ran"))
     for mode in (P2P, ALLREDUCE):
         mapping = learned_mapping(problem, MappingPolicy(SMALL), instantiation=mode)
         assert sorted(mapping.reshape(-1).tolist()) == list(range(6))

@@ -11,8 +11,9 @@ in the same unit:
 - ``"mcts"``: the shared MCTS over :class:`tag.search.MappingEnv` with uniform priors (pure MCTS),
   ``mcts_iterations`` leaves or ``time_limit`` seconds, whichever ends first; the assignment lower bound
   beside it;
-- ``"learned"``: the same MCTS with the mapping GNN's priors and greedy fill (:mod:`tag.policy.mapping`),
-  ``learned_iterations`` leaves after the greedy decode; ``policy`` is a checkpoint path or a loaded
+- ``"learned"``: the mapping GNN's greedy decode, ``learned_discrepancies`` one-discrepancy leaves (None:
+  one per stage replica) and ``learned_iterations`` leaves of the same MCTS with its priors and greedy
+  fill (:func:`tag.policy.mapping.learned_mapping`); ``policy`` is a checkpoint path or a loaded
   MappingPolicy, the shipped ``checkpoints/tag-mapper.pt`` by default.
 
 Every stage needs the same replica count (RaNNC may give unequal ones: :class:`MappingError`).
@@ -59,7 +60,7 @@ def pipeline_problem(stage_graph: StageGraph, cluster: Cluster, devices: Sequenc
 
 def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUTO, workers: int = 1,
                 mcts_iterations: int = DEFAULT_MCTS_ITERATIONS, learned_iterations: int | None = None,
-                policy: Any = None) -> Mapper:
+                learned_discrepancies: int | None = None, policy: Any = None) -> Mapper:
     """The mapper called ``name`` (one of :data:`MAPPERS`); ``time_limit`` bounds the exact solver and
     MCTS, ``workers`` is the exact solver's."""
     if name not in MAPPERS:
@@ -86,7 +87,7 @@ def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUT
             from tag.policy.mapping import learned_mapping
 
             mapping = learned_mapping(problem, policy, instantiation=mode, iterations=learned_iterations,
-                                      time_limit_s=time_limit, seed=seed)
+                                      discrepancies=learned_discrepancies, time_limit_s=time_limit, seed=seed)
         else:
             mapping = random_map(problem, as_rng(seed)) if name == "random" else _HEURISTICS[name](problem)
         value = max_stage_time(problem, mapping, mode)

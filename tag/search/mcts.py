@@ -170,7 +170,8 @@ def mcts_search(env: SearchEnv, evaluator: Evaluator = uniform_evaluator, *,
                 max_iterations: int | None = None,
                 max_simulations: int | None = None, time_limit_s: float | None = None,
                 target_visits: int | None = DEFAULT_TARGET_VISITS, seed: int | np.random.Generator | None = 0,
-                progress: ProgressCallback | None = None) -> SearchResult:
+                progress: ProgressCallback | None = None, stop_value: float | None = None,
+                patience: int | None = None) -> SearchResult:
     """Search ``env`` by MCTS until a budget is spent; return the best complete plan simulated.
 
     ``evaluator`` gives the priors of one vertex; ``batch_evaluator`` (when given) those of up to
@@ -179,7 +180,9 @@ def mcts_search(env: SearchEnv, evaluator: Evaluator = uniform_evaluator, *,
     (at least one): ``max_iterations`` (leaves evaluated), ``max_simulations`` (distinct plans
     simulated), ``time_limit_s``. ``target_visits``: collect training targets at vertices with at
     least this many visits (None: none). ``seed`` breaks ties. ``progress`` is called after every
-    iteration with a :class:`~tag.search.result.SearchProgress`.
+    iteration with a :class:`~tag.search.result.SearchProgress`. Optional early stops (None: off):
+    ``stop_value``, once the best value reaches it (a value that proves optimality, such as a bound over
+    the time); ``patience``, after that many iterations in a row that did not improve the best plan.
     """
     if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
@@ -187,12 +190,17 @@ def mcts_search(env: SearchEnv, evaluator: Evaluator = uniform_evaluator, *,
         raise ValueError("batch_size > 1 needs a batch_evaluator")
     if not c_puct >= 0:
         raise ValueError(f"c_puct must be non-negative, got {c_puct!r}")
+    if stop_value is not None and not np.isfinite(stop_value):
+        raise ValueError(f"stop_value must be a finite number or None, got {stop_value!r}")
+    if patience is not None and (isinstance(patience, bool) or not isinstance(patience, (int, np.integer))
+                                 or patience < 1):
+        raise ValueError(f"patience must be a positive integer or None, got {patience!r}")
     rng = as_rng(seed)
     tracker = Tracker(env, max_iterations=max_iterations, max_simulations=max_simulations,
                       time_limit_s=time_limit_s, progress=progress)
     tree = Tree.empty(env.root())
     with frozen_gc():  # the environment's tables and caches, built by now, stay out of the collector's scans
-        while not tracker.done() and not tree.exhausted[ROOT]:
+        while not tracker.done() and not tree.exhausted[ROOT] and not _settled(tracker, stop_value, patience):
             room = batch_size if max_iterations is None else min(batch_size, max_iterations - tracker.iteration)
             pending = _select_batch(tree, env, room, c=c_puct, rng=rng, fpu_reduction=fpu_reduction)
             if not pending:
@@ -208,6 +216,14 @@ def mcts_search(env: SearchEnv, evaluator: Evaluator = uniform_evaluator, *,
                 tracker.step()
     targets = [] if target_visits is None else visit_targets(tree, env, min_visits=target_visits)
     return tracker.result("mcts", targets, tree)
+
+
+def _settled(tracker: Tracker, stop_value: float | None, patience: int | None) -> bool:
+    """An early stop of :func:`mcts_search` applies: the best value reaches ``stop_value``, or the last
+    ``patience`` iterations did not improve the best plan (its history's last point)."""
+    if stop_value is not None and tracker.best.value >= stop_value:
+        return True
+    return patience is not None and tracker.iteration - tracker.history[-1].iteration >= patience
 
 
 def _select_batch(tree: Tree, env: SearchEnv, count: int, *, c: float, rng: np.random.Generator,
