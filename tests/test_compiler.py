@@ -421,6 +421,48 @@ def test_fragment_references_are_stored_by_segment():
     np.testing.assert_array_equal(base[segment[:-1]] + index[:-1], expected)
 
 
+def test_parameter_server_costs_equal_hop_bandwidths(bert_tiny):
+    """ClusterContext.server caches single-hop bandwidths per (worker, server): the same latency and Σ 1/β as
+    hop_bandwidths over each worker's hop, on a cluster whose machines share NICs, for new device sets and
+    for device sets whose hops were all seen before."""
+    from tag.compiler.layout import cluster_context
+    from tag.compiler.tables import compiler_tables
+    from tag.cost.comm import hop_bandwidths
+
+    gg, cluster = bert_tiny
+    context = cluster_context(cluster, compiler_tables(gg, cluster, gg.cost, "group"))
+    cases = [((0, 1, 4, 9), 4), ((2, 5, 12), 2), ((3, 8, 13, 15), 15), ((0, 1, 4, 9), 9), ((0, 4, 9), 9),
+             ((1, 9), 9)]
+    for devices, ps in cases:
+        workers = [w for w in devices if w != ps]
+        expected = (max(float(cluster.latency[w, ps]) for w in workers),
+                    sum(1.0 / float(hop_bandwidths(cluster, [(w, ps)])[0]) for w in workers))
+        assert context.server(devices, ps) == expected
+
+
+@pytest.mark.parametrize("batch_split", ["even", "speed"])
+def test_replica_row_ranges_are_in_order(bert_tiny, batch_split):
+    """A split layout's replicas hold consecutive row ranges [lo, hi) in device order, covering [0, 1): the
+    order the compiler's overlap scan relies on (it stops at the first holder past the rows a consumer needs)."""
+    from tag.compiler.layout import cluster_context, group_layout
+    from tag.compiler.tables import compiler_tables
+
+    gg, cluster = bert_tiny
+    context = cluster_context(cluster, compiler_tables(gg, cluster, gg.cost, "group"))
+    split = 0
+    for seed in range(6):
+        strategy = random_strategy(gg.num_groups, cluster, seed=seed, batch_split=batch_split)
+        for g in range(gg.num_groups):
+            layout = group_layout(context.tables, context, strategy, g)
+            if not layout.split:
+                continue
+            split += 1
+            assert layout.lo[0] == 0.0 and layout.hi[-1] == 1.0
+            assert list(layout.lo[1:]) == list(layout.hi[:-1])
+            assert all(lo < hi for lo, hi in zip(layout.lo, layout.hi))
+    assert split > 0
+
+
 def test_merged_granularity_runs_the_chunks_of_each_part_as_one_task(bert_tiny):
     """``merged``: group granularity's chunks, one task per part and replica, with lags; both simulators
     agree on it task for task, and the plan's records point at the merged tasks."""

@@ -562,6 +562,49 @@ def test_feedback_sums_read_either_csr_the_same():
     np.testing.assert_allclose(by_pred[2], wait, rtol=1e-12)
 
 
+def _vectorised_feedback(cluster, busy, first, last, wait, count, resource_kind, resource_a, resource_b, makespan,
+                         peak):
+    """Table 1's arrays from the sums the plain numpy way (np.add.at, np.bincount): the reference that
+    kernels.feedback_tables must match bit for bit."""
+    idle = np.ones_like(busy) if makespan <= 0 else 1.0 - busy / makespan
+    links = np.flatnonzero(resource_kind == RES_LINK)
+    n = cluster.num_device_groups
+    src, dst = cluster.device_group[resource_a[links]], cluster.device_group[resource_b[links]]
+    pair_count, pair_idle = np.zeros((n, n)), np.zeros((n, n))
+    np.add.at(pair_count, (src, dst), 1.0)
+    np.add.at(pair_idle, (src, dst), idle[links])
+    group_peak = np.zeros(n)
+    np.maximum.at(group_peak, cluster.device_group, peak)
+    members = np.bincount(cluster.device_group, minlength=n)
+    return (np.where(np.isfinite(first), last - first, 0.0),
+            np.divide(wait, count, out=np.zeros(first.size), where=count > 0), idle, idle[links],
+            idle[resource_kind == RES_NIC_OUT], idle[resource_kind == RES_NIC_IN], group_peak,
+            np.bincount(cluster.device_group, weights=idle[:cluster.num_devices], minlength=n) / members,
+            np.divide(pair_idle, pair_count, out=np.ones_like(pair_idle), where=pair_count > 0))
+
+
+@pytest.mark.parametrize("seed", [4, 7])
+def test_feedback_tables_equal_the_vectorised_arrays(seed):
+    """kernels.feedback_tables (one pass, in index order) gives the numpy arrays bit for bit, on a schedule
+    with links and shared NICs, and with a zero makespan (every resource idle)."""
+    cluster = tag_random(seed=seed, machines=3)
+    tg = random_taskgraph(cluster, 200, seed=seed, tie_fraction=0.3, p_transfer=0.4)
+    result = simulate_fast(tg)
+    first, last, wait, count, busy = kernels.feedback_sums(
+        tg.num_groups, tg.num_resources, tg.group, tg.kind, tg.duration, tg.res_ptr, tg.res, tg.dep_ptr, tg.dep,
+        tg.lags.dep, False, result.start, result.finish)
+    assert (tg.resource_kind == RES_LINK).any() and (tg.resource_kind == RES_NIC_OUT).any()
+    for makespan in (result.iteration_time, 0.0):
+        got = kernels.feedback_tables(first, last, wait, count, busy, makespan, tg.resource_kind, tg.resource_a,
+                                      tg.resource_b, cluster.device_group, cluster.num_device_groups,
+                                      result.peak_memory)
+        expected = _vectorised_feedback(cluster, busy, first, last, wait, count, tg.resource_kind, tg.resource_a,
+                                        tg.resource_b, makespan, result.peak_memory)
+        for a, b in zip(got, expected):
+            assert a.dtype == b.dtype and a.shape == b.shape
+            np.testing.assert_array_equal(a, b)
+
+
 def _heapq_list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, num_resources):
     """The list scheduling rule of :mod:`tag.sim.fast` written plainly with heapq (a dependency is met
     ``succ_lag`` after its predecessor's start; empty: at its finish)."""

@@ -598,7 +598,9 @@ class _Compiler:
                         need_lo, need_hi = 0.0, 1.0
                     if p_split:
                         for s, lo, hi in zip(holders, h_lo, h_hi):
-                            if hi <= need_lo or lo >= need_hi:
+                            if lo >= need_hi:  # the holders' rows are in order: no later one overlaps
+                                break
+                            if hi <= need_lo:
                                 continue
                             lo, hi = max(lo, need_lo), min(hi, need_hi)
                             if hi - lo <= _EMPTY:
@@ -640,9 +642,11 @@ class _Compiler:
                         s = self._source(holders, e, targets)
                         _pend(pending, s, e, 1, k, 1.0, ("full", k))
                 names.append("Transfer" if len(pending) > before else None)
-        transfers = tuple((s, e, stage, tuple(contributions), tuple(counted), tuple(items))
-                          for (s, e, stage), (contributions, counted, items)
-                          in sorted(pending.items(), key=lambda kv: kv[0][2]))
+        entries = pending.items()
+        if any(stage == 2 for _, _, stage in pending):  # AddN: stage 1 first (a stable sort)
+            entries = sorted(entries, key=lambda kv: kv[0][2])
+        transfers = tuple([(s, e, stage, tuple(contributions), tuple(counted), tuple(items))
+                           for (s, e, stage), (contributions, counted, items) in entries])
         return _Skeleton(tuple(targets), frozenset(local), holders, transfers, tuple(collectives), tuple(names))
 
     def _instantiate(self, b: Bundle, plan: _BundlePlan) -> None:

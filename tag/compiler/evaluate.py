@@ -385,13 +385,23 @@ class StrategyEvaluator:
             stale = (touched[0] if len(touched) == 1 else np.unique(np.concatenate(touched))).tolist()
             ids = ids.copy()
         pairs = self._pairs
+        misses = []  # (pair, its key) of the pairs with no fragment yet
         for k in stale:
             p, c = pairs[k]
             key = (group_ids[p], group_ids[c])
             fragment = cache.get(key)
             if fragment is None:
-                fragment = cache[key] = self._compile_pair(*key)
-            ids[k] = fragment
+                misses.append((k, key))
+            else:
+                ids[k] = fragment
+        if misses:
+            # the skeletons of every new pair first, stored in one go; then the fragments, in pair order
+            prepared = [self._pair_skeletons(*key) for _, key in misses]
+            rows = self._skeletons.ids_of([skeleton for _, _, skeletons in prepared for skeleton in skeletons])
+            end = 0
+            for (k, key), (compiler, static, skeletons) in zip(misses, prepared):
+                start, end = end, end + len(skeletons)
+                ids[k] = cache[key] = self._compile_pair(*key, (compiler, static, skeletons, rows[start:end]))
         self._last_ids = (groups, ids)
         return ids
 
@@ -562,22 +572,24 @@ class StrategyEvaluator:
             block = self._block_of[fragment] = block._replace(dicts=dicts)
         return block.dicts
 
-    def _compile_pair(self, fragment_p: int, fragment_c: int) -> int:
+    def _compile_pair(self, fragment_p: int, fragment_c: int, prepared: tuple) -> int:
+        """The pair fragment of two group fragments, from their :meth:`_pair_skeletons` and those skeletons'
+        rows in the skeleton store."""
         block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
         same = block_p.layout.group == block_c.layout.group
         blocks = (block_p.tasks, 0 if same else block_c.tasks, block_p.tensors, 0 if same else block_c.tensors)
-        rows, early = self._pair_rows(fragment_p, fragment_c, same, blocks)
+        rows, early = self._pair_rows(fragment_p, fragment_c, same, blocks, prepared)
         rows, merged_blocks = self._localize_pair(rows, block_p, block_c, same)
         fragment = self._arena.add(rows, merged_blocks, early)
         self._block_of.append(None)
         return fragment
 
-    def _pair_rows(self, fragment_p: int, fragment_c: int, same: bool, blocks: tuple) -> tuple[dict, int]:
-        """A pair fragment, the same as ``_Compiler.pair_fragment``: transfers by :func:`_pair_transfers`,
-        collectives (few) by the compiler. The bundles of two replicated layouts are static (their arrays
-        cached per pair); with a model-parallel side they are made per pair of layouts, by pieces."""
-        block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
-        layout_p, layout_c = block_p.layout, block_c.layout
+    def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[_Compiler, tuple, list]:
+        """What a pair fragment is made from: a compiler holding the two layouts, the bundles as arrays
+        (:meth:`_bundle_arrays`) and the skeleton of each kind of bundle. The bundles of two replicated layouts
+        are static (their arrays cached per pair); with a model-parallel side they are made per pair of layouts,
+        by pieces."""
+        layout_p, layout_c = self._block_of[fragment_p].layout, self._block_of[fragment_c].layout
         pair = (layout_p.group, layout_c.group)
         compiler = self._compiler()
         compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
@@ -590,12 +602,21 @@ class StrategyEvaluator:
             if static is None:
                 static = self._pair_static[pair] = self._bundle_arrays(self.tables.bundles.get(pair, []), layout_p,
                                                                        layout_c)
+        # a skeleton depends on a bundle only through its kind (_bundle_arrays)
+        return compiler, static, [compiler._skeleton(b, layout_p, layout_c) for b in static[-1]]
+
+    def _pair_rows(self, fragment_p: int, fragment_c: int, same: bool, blocks: tuple,
+                   prepared: tuple) -> tuple[dict, int]:
+        """A pair fragment, the same as ``_Compiler.pair_fragment``: transfers by :func:`_pair_transfers`,
+        collectives (few) by the compiler, from ``prepared``: the :meth:`_pair_skeletons` and the skeletons'
+        rows in the store."""
+        block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
+        layout_p, layout_c = block_p.layout, block_c.layout
+        compiler, static, skeletons, skeleton_rows = prepared
         (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
          representatives) = static
-        # a skeleton depends on a bundle only through its kind (_bundle_arrays)
-        skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in representatives]
         store = self._skeletons
-        skeleton_ids = store.ids_of(skeletons)[kind_of]  # [B]
+        skeleton_ids = skeleton_rows[kind_of]  # [B]
         first_task, first_tensor = blocks[0] + blocks[1], blocks[2] + blocks[3]
         columns = _pair_transfers(
             unit, category, consumer_ptr, consumer, skeleton_ids, category_bytes, category_count,

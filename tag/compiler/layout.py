@@ -50,7 +50,7 @@ class GroupLayout(NamedTuple):
     option: int
     devices: tuple[int, ...]  # [R] ascending
     fraction: tuple[float, ...]  # [R] batch fraction each replica computes
-    lo: tuple[float, ...]  # [R] batch interval [lo, hi) each replica holds
+    lo: tuple[float, ...]  # [R] batch interval [lo, hi) each replica holds, in order (lo, hi non-decreasing)
     hi: tuple[float, ...]  # [R]
     split: bool  # the batch is split among ≥ 2 replicas (all-reduce or PS)
     durations: np.ndarray  # [units of the group, R] compute seconds (not model-parallel)
@@ -82,6 +82,7 @@ class ClusterContext:
     layouts: dict = field(default_factory=dict)
     rings: dict = field(default_factory=dict)
     servers: dict = field(default_factory=dict)
+    hops: dict = field(default_factory=dict)  # (src, dst) -> bandwidth of that one hop alone (hop_bandwidths)
     mp_splits: dict = field(default_factory=dict)
     plans: dict = field(default_factory=dict)  # the compiler's per-bundle plans, keyed by bundle and layouts
     skeletons: dict = field(default_factory=dict)  # bundle plans without bytes, keyed by bundle kind and layouts
@@ -119,9 +120,17 @@ class ClusterContext:
         found = self.servers.get(key)
         if found is None:
             workers = [w for w in devices if w != ps]
-            inverse = sum(1.0 / float(hop_bandwidths(self.cluster, [(w, ps)])[0]) for w in workers)
+            inverse = sum(1.0 / self._hop(w, ps) for w in workers)
             found = (max((self.alpha[w][ps] for w in workers), default=0.0), inverse)
             self.servers[key] = found
+        return found
+
+
+    def _hop(self, src: int, dst: int) -> float:
+        """Bandwidth of the one hop from ``src`` to ``dst`` (hop_bandwidths of [(src, dst)]), cached."""
+        found = self.hops.get((src, dst))
+        if found is None:
+            found = self.hops[(src, dst)] = float(hop_bandwidths(self.cluster, [(src, dst)])[0])
         return found
 
 

@@ -17,10 +17,10 @@ import os
 
 import numpy as np
 
-from tag.sim.taskgraph import TASK_COMPUTE
+from tag.sim.taskgraph import RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COMPUTE
 
 __all__ = ["COMPILED", "list_schedule", "successors_csr", "tensor_lifetimes", "peak_memory", "feedback_sums",
-           "merge_chunks"]
+           "feedback_tables", "merge_chunks"]
 
 try:  # numba is a dependency; the fallback keeps the package importable where it cannot be installed
     if os.environ.get("TAG_NO_NUMBA"):
@@ -392,6 +392,77 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
                 wait[group[p]] += start[t] - (start[p] + edge_lag[k] if lagged else finish[p])
                 count[group[p]] += 1
     return first, last, wait, count, busy
+
+
+@_jit
+def feedback_tables(first, last, wait, count, busy, makespan, resource_kind, resource_a, resource_b, device_group,
+                    num_device_groups, peak_memory):
+    """Table 1's feedback arrays from :func:`feedback_sums` (first [G], last [G], wait [G], count [G], busy [R])
+    and the makespan, each element computed as numpy computes it in the same order (np.add.at and np.bincount
+    sum in index order), so that the figures are bit for bit the vectorised ones. Resources: kind [R] and the
+    two devices resource_a [R] / resource_b [R] of a link; device_group [D] and peak_memory [D].
+
+    Returns (group_makespan [G], group_output_idle [G], resource_idle [R], link_idle [L], nic_out_idle [M],
+    nic_in_idle [M], device_group_peak_memory [Gd], device_group_idle [Gd], device_group_link_idle [Gd, Gd]),
+    the links in resource order; device idle is resource_idle's first D entries."""
+    num_groups = first.size
+    group_makespan = np.zeros(num_groups)
+    group_output_idle = np.zeros(num_groups)
+    for g in range(num_groups):
+        if np.isfinite(first[g]):
+            group_makespan[g] = last[g] - first[g]
+        if count[g] > 0:
+            group_output_idle[g] = wait[g] / count[g]
+    num_resources = busy.size
+    resource_idle = np.empty(num_resources)
+    for r in range(num_resources):
+        resource_idle[r] = 1.0 if makespan <= 0 else 1.0 - busy[r] / makespan
+    links = nic_out = nic_in = 0
+    for r in range(num_resources):
+        if resource_kind[r] == RES_LINK:
+            links += 1
+        elif resource_kind[r] == RES_NIC_OUT:
+            nic_out += 1
+        elif resource_kind[r] == RES_NIC_IN:
+            nic_in += 1
+    link_idle = np.empty(links)
+    nic_out_idle = np.empty(nic_out)
+    nic_in_idle = np.empty(nic_in)
+    pair_count = np.zeros((num_device_groups, num_device_groups))
+    pair_idle = np.zeros((num_device_groups, num_device_groups))
+    links = nic_out = nic_in = 0
+    for r in range(num_resources):
+        if resource_kind[r] == RES_LINK:
+            link_idle[links] = resource_idle[r]
+            links += 1
+            a, b = device_group[resource_a[r]], device_group[resource_b[r]]
+            pair_count[a, b] += 1.0
+            pair_idle[a, b] += resource_idle[r]
+        elif resource_kind[r] == RES_NIC_OUT:
+            nic_out_idle[nic_out] = resource_idle[r]
+            nic_out += 1
+        elif resource_kind[r] == RES_NIC_IN:
+            nic_in_idle[nic_in] = resource_idle[r]
+            nic_in += 1
+    link_group_idle = np.ones((num_device_groups, num_device_groups))
+    for a in range(num_device_groups):
+        for b in range(num_device_groups):
+            if pair_count[a, b] > 0:
+                link_group_idle[a, b] = pair_idle[a, b] / pair_count[a, b]
+    group_peak = np.zeros(num_device_groups)
+    idle_sum = np.zeros(num_device_groups)
+    members = np.zeros(num_device_groups, dtype=np.int64)
+    for d in range(device_group.size):
+        k = device_group[d]
+        if peak_memory[d] > group_peak[k] or peak_memory[d] != peak_memory[d]:  # np.maximum keeps a NaN
+            group_peak[k] = peak_memory[d]
+        idle_sum[k] += resource_idle[d]
+        members[k] += 1
+    group_idle = np.empty(num_device_groups)
+    for k in range(num_device_groups):
+        group_idle[k] = idle_sum[k] / members[k] if members[k] > 0 else np.nan
+    return (group_makespan, group_output_idle, resource_idle, link_idle, nic_out_idle, nic_in_idle, group_peak,
+            group_idle, link_group_idle)
 
 
 # ------------------------------------------------------------------------------------------- chunk merging

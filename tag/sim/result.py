@@ -15,9 +15,9 @@ from typing import Callable, NamedTuple
 import numpy as np
 
 from tag.sim.errors import OOMError
-from tag.sim.kernels import feedback_sums
+from tag.sim.kernels import feedback_sums, feedback_tables
 from tag.cluster import Cluster
-from tag.sim.taskgraph import RES_LINK, RES_NIC_IN, RES_NIC_OUT, TaskGraph
+from tag.sim.taskgraph import TaskGraph
 
 __all__ = ["SimulationResult", "Feedback", "compute_feedback", "feedback_from_columns", "make_result",
            "result_from_schedule", "oom_error"]
@@ -99,12 +99,6 @@ def _oom_error(cluster: Cluster, device: int, peak_memory: np.ndarray, capacity:
     return OOMError(device, peak_memory[device], capacity[device], detail=detail)
 
 
-def _idle(busy: np.ndarray, makespan: float) -> np.ndarray:
-    if makespan <= 0:
-        return np.ones_like(busy)
-    return 1.0 - busy / makespan
-
-
 def compute_feedback(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray,
                      peak_memory: np.ndarray) -> Feedback:
     """Table 1 feedback from a schedule: start/finish [T], peak_memory [D]."""
@@ -124,46 +118,25 @@ def feedback_from_columns(cluster: Cluster, num_groups: int, group: np.ndarray, 
     edge_end [E] of each task's successors (``by_predecessor``) or predecessors, met edge_lag [E] after the
     predecessor's start (empty: at its finish). The fast evaluator, which builds no TaskGraph, calls it
     directly with its successor CSR."""
-    d, g = cluster.num_devices, num_groups
+    d = cluster.num_devices
     makespan = float(finish.max()) if len(finish) else 0.0
-
-    first, last, total, count, resource_busy = feedback_sums(g, len(resource_kind), group, kind, duration, res_ptr,
-                                                             res, edge_ptr, edge_end, edge_lag, by_predecessor, start,
-                                                             finish)
-    group_makespan = np.where(np.isfinite(first), last - first, 0.0)
-    group_output_idle = np.divide(total, count, out=np.zeros(g), where=count > 0)
-    resource_idle = _idle(resource_busy, makespan)
-    device_idle = resource_idle[:d]
-    comm_idle = resource_idle[d:2 * d]
-    kinds = resource_kind
-    nic_out_idle = resource_idle[kinds == RES_NIC_OUT]
-    nic_in_idle = resource_idle[kinds == RES_NIC_IN]
-
-    links = np.flatnonzero(kinds == RES_LINK)  # [L]
-    device_group = cluster.device_group
-    num_device_groups = cluster.num_device_groups
-    pair_src = device_group[resource_a[links]]
-    pair_dst = device_group[resource_b[links]]
-    pair_count = np.zeros((num_device_groups, num_device_groups))
-    pair_idle = np.zeros((num_device_groups, num_device_groups))
-    np.add.at(pair_count, (pair_src, pair_dst), 1.0)
-    np.add.at(pair_idle, (pair_src, pair_dst), resource_idle[links])
-    device_group_link_idle = np.divide(pair_idle, pair_count, out=np.ones_like(pair_idle), where=pair_count > 0)
-
-    group_peak = np.zeros(num_device_groups)
-    np.maximum.at(group_peak, device_group, peak_memory)
-    members = np.bincount(device_group, minlength=num_device_groups)
-    device_group_idle = np.bincount(device_group, weights=device_idle, minlength=num_device_groups) / members
+    first, last, total, count, resource_busy = feedback_sums(num_groups, len(resource_kind), group, kind, duration,
+                                                             res_ptr, res, edge_ptr, edge_end, edge_lag,
+                                                             by_predecessor, start, finish)
+    (group_makespan, group_output_idle, resource_idle, link_idle, nic_out_idle, nic_in_idle, group_peak,
+     device_group_idle, device_group_link_idle) = feedback_tables(
+        first, last, total, count, resource_busy, makespan, resource_kind, resource_a, resource_b,
+        cluster.device_group, cluster.num_device_groups, peak_memory)
     return Feedback(
         group_makespan=group_makespan,
         group_output_idle=group_output_idle,
-        device_idle=device_idle,
-        comm_idle=comm_idle,
+        device_idle=resource_idle[:d],
+        comm_idle=resource_idle[d:2 * d],
         device_group_peak_memory=group_peak,
         device_group_idle=device_group_idle,
         resource_busy=resource_busy,
         resource_idle=resource_idle,
-        link_idle=resource_idle[links],
+        link_idle=link_idle,
         nic_out_idle=nic_out_idle,
         nic_in_idle=nic_in_idle,
         device_group_link_idle=device_group_link_idle,
