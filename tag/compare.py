@@ -4,7 +4,7 @@
 
 - the data-parallel baselines DP-NCCL, DP-NCCL-P and Horovod-like (tag.baselines);
 - the strategy searches of tag plan at one budget: MCMC (FlexFlow-style), pure MCTS (uniform priors),
-  and tag (GNN priors + MCTS) when a policy checkpoint is given;
+  and tag (GNN priors + MCTS; the shipped policy unless another checkpoint is given);
 - Parmesan pipelines: one partition, (S, R, M) chosen by simulation (Parmesan App. B), then mapped by
   each stage-to-device mapper (exact, CS, p2p, pure MCTS, learned: GNN + MCTS) and re-simulated on that
   mapping; the mappers
@@ -43,7 +43,6 @@ class CompareConfig:
     budget: int = 300  # search iterations of MCMC, pure MCTS and tag
     num_groups: int = 60  # METIS op groups of the strategy searches
     policy: str | None = None  # GNN checkpoint for the tag row; None: the shipped one
-    tag_row: bool = True  # include the tag (GNN+MCTS) row
     mapping_time_limit: float = 60.0  # seconds for the exact mapper (and the MCTS mapper's cap)
     mcts_mapper_iterations: int = 2000  # leaves of the pure-MCTS mapper
     mapper_policy: str | None = None  # mapping GNN checkpoint of the learned mapper; None: the shipped one
@@ -78,11 +77,10 @@ def _row(planner: str, kind: str, iteration_time_s: float, feasible: bool, peak_
 def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress) -> list[dict[str, Any]]:
     from tag.planner import COMPARED_BASELINES, PlanConfig, load_priors, plan_training
 
-    searches = [("MCMC", "mcmc", None), ("pure MCTS", "mcts", None)]
-    if config.tag_row:
-        from tag.policy import shipped_policy_path
+    from tag.policy import shipped_policy_path
 
-        searches.append(("tag (GNN+MCTS)", "mcts", config.policy or str(shipped_policy_path())))
+    searches = [("MCMC", "mcmc", None), ("pure MCTS", "mcts", None),
+                ("tag (GNN+MCTS)", "mcts", config.policy or str(shipped_policy_path()))]
     rows, outcome = [], None
     for label, search, policy in searches:
         say(f"{label}: {config.budget} iterations")
