@@ -181,7 +181,8 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
             if ready[successor] < release:
                 ready[successor] = release
             waiting[successor] -= 1
-            if waiting[successor] == 0:
+            if waiting[successor] == 0:  # the insert of the bucket-emptying loop above, written out again: as
+                # a helper returning (num_tied, nonempty), even inlined, it made warm evaluations 7-30% slower
                 if bits[successor] == last:
                     num_tied = _id_push(tied, num_tied, successor)
                 else:
