@@ -7,9 +7,9 @@
     search beats DP-NCCL, a longer pure MCTS (``--verify-budget``) asks whether any plan in the search space
     does; where none is found, the topology has no iteration count to compare, and the "beatable" columns
     average over the other topologies only (both counts are printed).
-(b) TAG Table 8: a policy trained with one model held out (``--holdout-policy``, ``--holdout-model``)
-    against the full policy: the held-out model's speed-up over DP-NCCL after a full search budget, on the
-    same unseen topologies. Without a hold-out policy this part reports the full policy's speed-ups only.
+(b) TAG Table 8: per held-out model, a policy trained without it (``--holdout MODEL=POLICY``, repeatable)
+    against the full policy: that model's speed-up over DP-NCCL after a full search budget, on the same
+    unseen topologies. Without hold-out policies this part reports the full policy's speed-ups only.
 (c) Presets never used in training (TAG cloud, 4×DGX-1, a 2D mesh): iterations to beat DP-NCCL and the
     speed-up after the budget, pure against GNN-guided.
 
@@ -58,8 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--parts", default="a,b,c", help="which of a, b, c to run")
     p.add_argument("--methods", default="uniform,gnn", help="uniform (pure MCTS) and/or gnn")
     p.add_argument("--presets", default=",".join(PRESETS), help="clusters of part (c)")
-    p.add_argument("--holdout-policy", help="a policy trained without --holdout-model, for (b)")
-    p.add_argument("--holdout-model", default="bert-large", help="the model held out of that policy's training")
+    p.add_argument("--holdout", action="append", default=[], metavar="MODEL=POLICY",
+                   help="(b) a policy trained with MODEL held out (repeatable, one per model)")
     p.add_argument("--b-topologies", type=int, default=20, help="topologies of part (b) (full-budget searches)")
     p.add_argument("--uniform-mix", type=float, default=0.0,
                    help="GNN priors mixed with this share of uniform priors (tag.training.mix_uniform)")
@@ -67,6 +67,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", default=str(ROOT / "runs" / "eval_generalization.json"), help="result cache")
     p.add_argument("--json", action="store_true", help="print only the final JSON line")
     return p.parse_args(argv)
+
+
+def parse_holdouts(specs: list[str]) -> dict[str, str]:
+    """``MODEL=POLICY`` pairs of ``--holdout`` as {model: policy path}; a malformed or repeated model is an error."""
+    out: dict[str, str] = {}
+    for spec in specs:
+        model, sep, path = spec.partition("=")
+        if not sep or not model or not path:
+            raise SystemExit(f"eval_generalization: --holdout wants MODEL=POLICY, got {spec!r}")
+        if model in out:
+            raise SystemExit(f"eval_generalization: --holdout names {model} twice")
+        out[model] = path
+    return out
+
+
+def _label_path(path: str) -> str:
+    p = Path(path)
+    return f"{p.parent.name}/{p.name}" if p.parent.name else p.name
 
 
 class Runner:
@@ -84,11 +102,16 @@ class Runner:
         self.cache_path = Path(args.cache)
         self.cache: dict[str, Any] = json.loads(self.cache_path.read_text()) if self.cache_path.is_file() else {}
         self.policies: dict[str, Any] = {"uniform": (None, "uniform")}
-        for method, path in (("gnn", args.policy), ("holdout", args.holdout_policy)):
+        self.holdouts = parse_holdouts(args.holdout)
+        paths = {"gnn": args.policy, **{f"holdout:{m}": path for m, path in self.holdouts.items()}}
+        for method, path in paths.items():
             if path and Path(path).is_file():
                 loaded = load_policy(path)
                 mix = f"+mix{args.uniform_mix:g}" if args.uniform_mix > 0 else ""
-                self.policies[method] = (loaded.model.eval(), f"{Path(path).name}@{loaded.step}{mix}")
+                # The folder is part of the label (a cache key): hold-out runs all write a policy.pt.
+                self.policies[method] = (loaded.model.eval(), f"{_label_path(path)}@{loaded.step}{mix}")
+            elif method != "gnn":
+                raise SystemExit(f"eval_generalization: no policy file at {path} (--holdout {method[8:]}={path})")
         self.pool = SelfPlayPool(args.workers)
         self.quiet = args.json
 
@@ -169,19 +192,30 @@ def paired_stats(pure: list[dict[str, Any]], gnn: list[dict[str, Any]]) -> dict[
     return {"n": len(both), "pure": float(np.mean([p for p, _ in both])), "gnn": float(np.mean([g for _, g in both]))}
 
 
-def part_b(runner: Runner, model: str, topologies: int) -> dict[str, Any]:
-    instances = [Instance(model, EVAL_SEED_START + k) for k in range(topologies)]
-    out: dict[str, Any] = {}
-    for method in ("uniform", "gnn", "holdout"):
-        if method in runner.policies:
-            rows = runner.run(method, instances, stop_on_beat=False)
-            out[method] = float(np.mean([r["speedup"] for r in rows]))
-            out[f"{method}_iterations_to_beat"] = beat_stats(runner.run(method, instances, stop_on_beat=True),
-                                                             runner.budget)
-    if "holdout" in out and "gnn" in out:
-        out["holdout_over_full"] = out["holdout"] / out["gnn"]
-    labels = {m: runner.policies[m][1] for m in ("gnn", "holdout") if m in runner.policies}
-    return {"model": model, "topologies": topologies, "policies": labels, **out}
+def part_b(runner: Runner, models: list[str], topologies: int) -> dict[str, Any]:
+    """Per model: the mean speed-up over DP-NCCL after the full budget and the iterations to beat it, for
+    pure MCTS, the full policy and (where given) the policy trained with that model held out."""
+    per_model: dict[str, Any] = {}
+    for model in models:
+        instances = [Instance(model, EVAL_SEED_START + k) for k in range(topologies)]
+        row: dict[str, Any] = {}
+        for method, key in (("uniform", "uniform"), ("gnn", "gnn"), (f"holdout:{model}", "holdout")):
+            if method in runner.policies:
+                rows = runner.run(method, instances, stop_on_beat=False)
+                row[key] = float(np.mean([r["speedup"] for r in rows]))
+                row[f"{key}_iterations_to_beat"] = beat_stats(runner.run(method, instances, stop_on_beat=True),
+                                                              runner.budget)
+        if "holdout" in row and "gnn" in row:
+            row["holdout_over_full"] = row["holdout"] / row["gnn"]
+            row["holdout_policy"] = runner.policies[f"holdout:{model}"][1]
+        per_model[model] = row
+    out: dict[str, Any] = {"topologies": topologies, "policy": runner.policies.get("gnn", (None, None))[1],
+                           "models": per_model}
+    ratios = [r["holdout_over_full"] for r in per_model.values() if "holdout_over_full" in r]
+    if ratios:
+        out["min_holdout_over_full"] = min(ratios)
+        out["mean_holdout_over_full"] = float(np.mean(ratios))
+    return out
 
 
 def part_c(runner: Runner, models: list[str], presets: list[str], methods: list[str]) -> dict[str, Any]:
@@ -238,11 +272,19 @@ def print_tables(result: dict[str, Any]) -> None:
             console.print(table)
     if "b" in result:
         b = result["b"]
-        console.print(f"(b) TAG Table 8, hold-out {b['model']} on {b['topologies']} unseen topologies "
-                      f"({b['policies']}): mean speed-up over DP-NCCL after {budget} iterations: " + ", ".join(
-                          f"{k} {v:.3f}" for k, v in b.items() if isinstance(v, float)) + "; mean iterations to "
-                      "beat DP-NCCL: " + ", ".join(f"{k.split('_')[0]} {v['mean']:.1f} (median {v['median']:.0f})"
-                                                    for k, v in b.items() if k.endswith("_iterations_to_beat")))
+        table = Table(title=f"(b) TAG Table 8: each model held out of training, {b['topologies']} unseen random "
+                            f"topologies, mean speed-up over DP-NCCL after {budget} iterations (full policy "
+                            f"{b['policy']})")
+        for column in ("model", "pure MCTS", "full policy", "held out", "held out / full", "it. to beat: pure",
+                       "full", "held out", "hold-out policy"):
+            table.add_column(column, justify="right")
+        for model, row in b["models"].items():
+            ratio = row.get("holdout_over_full")
+            table.add_row(model, _x(row.get("uniform")), _x(row.get("gnn")), _x(row.get("holdout")),
+                          f"{100 * ratio:.1f}%" if ratio is not None else "-",
+                          *(_f(row.get(f"{k}_iterations_to_beat"), "mean") for k in ("uniform", "gnn", "holdout")),
+                          row.get("holdout_policy", "-"))
+        console.print(table)
     if "c" in result:
         table = Table(title=f"(c) presets never used in training: iterations to beat DP-NCCL / speed-up after {budget}")
         table.add_column("cluster")
@@ -261,6 +303,10 @@ def _f(row: dict | None, key: str) -> str:
         return "-"
     value = row[key]
     return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def _x(value: float | None) -> str:
+    return "-" if value is None else f"{value:.4f}"
 
 
 def _paired(row: dict | None) -> str:
@@ -305,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                 result["a_overall_paired_ratio"] = float(sum(p["pure"] * p["n"] for p in paired)
                                                          / sum(p["gnn"] * p["n"] for p in paired))
         if "b" in parts:
-            result["b"] = part_b(runner, args.holdout_model, args.b_topologies)
+            result["b"] = part_b(runner, models, args.b_topologies)
         if "c" in parts:
             result["c"] = part_c(runner, models, [p for p in args.presets.split(",") if p], methods)
     finally:
