@@ -19,6 +19,7 @@ from tag.sim import (
     RES_LINK,
     RES_NIC_IN,
     RES_NIC_OUT,
+    TASK_COMPUTE,
     OOMError,
     TaskGraphBuilder,
     TaskGraphError,
@@ -677,6 +678,37 @@ def test_kernels_agree_with_their_python_source():
             assert sorted(succ[succ_ptr[task]:succ_ptr[task + 1]].tolist()) == tg.successors(task).tolist()
         pred = np.repeat(np.arange(tg.num_tasks), np.diff(succ_ptr))
         np.testing.assert_array_equal(succ_lag, tg.duration[pred])
+
+
+@pytest.mark.parametrize("lagged", [False, True])
+def test_successor_lists_with_duplicates_give_the_merged_csrs_schedule_and_feedback(lagged):
+    """successor_lists (duplicates kept: the evaluator's) against successors_csr (duplicates merged) on
+    dependencies listed twice, in random places and, with lags, with other lags: the same schedule, and
+    feedback_sums over either gives the same sums bit for bit."""
+    tg = random_taskgraph(tag_random(seed=5, machines=2), 200, seed=5, tie_fraction=0.3, p_transfer=0.4)
+    rng = np.random.default_rng(5 + lagged)
+    dep_task = np.repeat(np.arange(tg.num_tasks), np.diff(tg.dep_ptr))
+    twice = rng.choice(dep_task.size, 80, replace=False)
+    order = rng.permutation(dep_task.size + twice.size)
+    dep_task = np.concatenate([dep_task, dep_task[twice]])[order]
+    dep_on = np.concatenate([tg.dep, tg.dep[twice]])[order]
+    lag = tg.duration[dep_on] * rng.random(dep_on.size) * 1.5 if lagged else np.zeros(0)
+    fed = (tg.kind[dep_on] == TASK_COMPUTE) & (tg.kind[dep_task] != TASK_COMPUTE) & (tg.group[dep_on] >= 0)
+    assert fed[order >= order.size - twice.size].any()  # some duplicate is a dependency the feedback reads
+    merged = kernels.successors_csr(tg.num_tasks, dep_task, dep_on, lag)
+    expected = kernels.list_schedule(tg.duration, tg.res_ptr, tg.res, *merged, tg.num_resources)
+    common = (tg.num_groups, tg.num_resources, tg.group, tg.kind, tg.duration, tg.res_ptr, tg.res)
+    sums = kernels.feedback_sums(*common, *merged[:3], True, *expected)
+    for successor_lists, feedback_sums in ((kernels.successor_lists, kernels.feedback_sums),
+                                           (getattr(kernels.successor_lists, "py_func", kernels.successor_lists),
+                                            getattr(kernels.feedback_sums, "py_func", kernels.feedback_sums))):
+        listed = successor_lists(tg.num_tasks, dep_task, dep_on, lag)
+        assert listed[1].size == dep_task.size and listed[3].sum() == dep_task.size
+        schedule = kernels.list_schedule(tg.duration, tg.res_ptr, tg.res, *listed, tg.num_resources)
+        for a, b in zip(schedule, expected):
+            np.testing.assert_array_equal(a, b)
+        for a, b in zip(feedback_sums(*common, *listed[:3], True, *expected), sums):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_without_numba_the_fast_path_still_matches_the_reference():

@@ -52,7 +52,7 @@ import numpy as np
 from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.grouping import GroupGraph
-from tag.sim.kernels import _jit, list_schedule, merge_chunks, peak_memory, successors_csr
+from tag.sim.kernels import _jit, list_schedule, merge_chunks, peak_memory, successor_lists
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
 from tag.sim.taskgraph import RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_TRANSFER
 from tag.strategy import BATCH_SPLITS, Strategy, device_group_sizes
@@ -319,9 +319,9 @@ class StrategyEvaluator:
         group_ids = self._group_fragment_ids(strategy)
         pair_ids = self._pair_fragment_ids(group_ids)
         columns = self._assemble(group_ids, pair_ids)
-        num_tasks = columns.duration.size
-        succ_ptr, succ, succ_lag, indegree = successors_csr(num_tasks, columns.dep_task, columns.dep_on,
-                                                            columns.dep_lag)
+        # duplicates kept: list scheduling does not mind them, and the feedback merges the few it reads
+        succ_ptr, succ, succ_lag, indegree = successor_lists(columns.duration.size, columns.dep_task, columns.dep_on,
+                                                             columns.dep_lag)
         num_resources = self._link_base + columns.link_dense.size
         start, finish = list_schedule(columns.duration, columns.res_ptr, columns.res, succ_ptr, succ, succ_lag,
                                       indegree, num_resources)

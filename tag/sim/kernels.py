@@ -19,8 +19,8 @@ import numpy as np
 
 from tag.sim.taskgraph import RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COMPUTE
 
-__all__ = ["COMPILED", "list_schedule", "successors_csr", "tensor_lifetimes", "peak_memory", "feedback_sums",
-           "feedback_tables", "merge_chunks"]
+__all__ = ["COMPILED", "list_schedule", "successors_csr", "successor_lists", "tensor_lifetimes", "peak_memory",
+           "feedback_sums", "feedback_tables", "merge_chunks"]
 
 try:  # numba is a dependency; the fallback keeps the package importable where it cannot be installed
     if os.environ.get("TAG_NO_NUMBA"):
@@ -237,6 +237,34 @@ def successors_csr(num_tasks, dep_task, dep_on, dep_lag):
     return succ_ptr, succ[:kept], lag[:kept] if lagged else lag, indegree
 
 
+@_jit
+def successor_lists(num_tasks, dep_task, dep_on, dep_lag):
+    """(succ_ptr [T+1], succ [E], succ_lag [E], indegree [T]): :func:`successors_csr` with duplicates kept,
+    each list in dependency order and the indegree counting each. List scheduling takes the latest release of a
+    task's dependencies however often one is listed, so it can skip the merging pass; the feedback, which
+    counts a dependency once, merges the few it reads (:func:`feedback_sums`). An empty dep_lag gives an empty
+    succ_lag."""
+    lagged = dep_lag.size > 0
+    succ_ptr = np.zeros(num_tasks + 1, dtype=np.int64)
+    indegree = np.zeros(num_tasks, dtype=dep_task.dtype)
+    for k in range(dep_on.size):
+        succ_ptr[dep_on[k] + 1] += 1
+        indegree[dep_task[k]] += 1
+    for t in range(num_tasks):
+        succ_ptr[t + 1] += succ_ptr[t]
+    slot = succ_ptr[:-1].copy()  # [T] next free slot of each task's list
+    succ = np.empty(dep_on.size, dtype=dep_task.dtype)
+    lag = np.empty(dep_on.size if lagged else 0)
+    for k in range(dep_on.size):
+        on = dep_on[k]
+        s = slot[on]
+        succ[s] = dep_task[k]
+        if lagged:
+            lag[s] = dep_lag[k]
+        slot[on] = s + 1
+    return succ_ptr, succ, lag, indegree
+
+
 # ------------------------------------------------------------------------------------------- memory
 
 
@@ -368,7 +396,9 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
     of a transfer or collective depending on it, busy seconds [R] of each resource). Dependencies as a CSR
     edge_ptr [T+1] / edge_end [E] over the predecessors (``by_predecessor``: task a's list holds the tasks
     that wait for it, a successor CSR) or over the dependent tasks (task a's list holds what it waits for),
-    met edge_lag [E] seconds after the predecessor's start (empty: at its finish); summed in CSR order."""
+    met edge_lag [E] seconds after the predecessor's start (empty: at its finish); summed in CSR order. A
+    dependency listed more than once (:func:`successor_lists`) counts once, as :func:`successors_csr` merges
+    it: at its first place in the list, with its largest lag."""
     first = np.full(num_groups, np.inf)
     last = np.full(num_groups, -np.inf)
     busy = np.zeros(num_resources)
@@ -384,13 +414,24 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
     wait = np.zeros(num_groups)
     count = np.zeros(num_groups, dtype=np.int64)
     lagged = edge_lag.size > 0
+    # [T] the list in which each task was last met: a while finding its largest lag there, -2 - a once summed
+    seen = np.full(group.size, -1, dtype=np.int32)
+    largest = np.empty(group.size if lagged else 0)  # [T] the largest lag of its dependency in that list
     for a in range(edge_ptr.size - 1):
         if by_predecessor and (kind[a] != TASK_COMPUTE or group[a] < 0):
             continue  # a feeds no wait: its whole list is skipped
+        if lagged:
+            for k in range(edge_ptr[a], edge_ptr[a + 1]):
+                other = edge_end[k]
+                if seen[other] != a or edge_lag[k] > largest[other]:
+                    seen[other] = a
+                    largest[other] = edge_lag[k]
         for k in range(edge_ptr[a], edge_ptr[a + 1]):
-            p, t = (a, edge_end[k]) if by_predecessor else (edge_end[k], a)
-            if kind[p] == TASK_COMPUTE and kind[t] != TASK_COMPUTE and group[p] >= 0:
-                wait[group[p]] += start[t] - (start[p] + edge_lag[k] if lagged else finish[p])
+            other = edge_end[k]
+            p, t = (a, other) if by_predecessor else (other, a)
+            if kind[p] == TASK_COMPUTE and kind[t] != TASK_COMPUTE and group[p] >= 0 and seen[other] != -2 - a:
+                seen[other] = -2 - a
+                wait[group[p]] += start[t] - (start[p] + largest[other] if lagged else finish[p])
                 count[group[p]] += 1
     return first, last, wait, count, busy
 

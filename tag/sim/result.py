@@ -114,10 +114,10 @@ def feedback_from_columns(cluster: Cluster, num_groups: int, group: np.ndarray, 
                           edge_lag: np.ndarray, start: np.ndarray, finish: np.ndarray, peak_memory: np.ndarray, *,
                           by_predecessor: bool) -> Feedback:
     """Table 1 feedback from the columns of a TaskGraph (see :class:`~tag.sim.taskgraph.TaskGraph`; T
-    tasks, R resources) and a schedule; the dependencies, without duplicates, as a CSR edge_ptr [T+1] /
-    edge_end [E] of each task's successors (``by_predecessor``) or predecessors, met edge_lag [E] after the
-    predecessor's start (empty: at its finish). The fast evaluator, which builds no TaskGraph, calls it
-    directly with its successor CSR."""
+    tasks, R resources) and a schedule; the dependencies as a CSR edge_ptr [T+1] / edge_end [E] of each
+    task's successors (``by_predecessor``) or predecessors, met edge_lag [E] after the predecessor's start
+    (empty: at its finish); a dependency listed twice counts once. The fast evaluator, which builds no
+    TaskGraph, calls it directly with its successor lists (:func:`~tag.sim.kernels.successor_lists`)."""
     d = cluster.num_devices
     makespan = float(finish.max()) if len(finish) else 0.0
     first, last, total, count, resource_busy = feedback_sums(num_groups, len(resource_kind), group, kind, duration,
