@@ -147,6 +147,7 @@ def test_fifo_by_ready_time_then_id(sim):
     builder.add_deps(late, [gate])
     tg = builder.build()
     result = sim(tg)
+    assert (late, early, tie) == (0, 1, 2)
     assert [repr(e) for e in device_schedule(result, tg, 0)] == ["E@0", "T@1", "L@2"]
 
 
