@@ -81,20 +81,27 @@ def test_teacher_forcing_equals_the_step_by_step_decoder(mode, cluster, latency)
 
 
 def test_return_cost_is_the_cheapest_way_back_to_replica_0():
-    """One stage, a ring of R = 4 on 5 devices, hop seconds 1 (bandwidth 4), 2 (bandwidth 2) or 4
-    (bandwidth 1) by hand: replica r's return cost is the least largest hop of a path of at most 4 − r
-    hops from each device back to replica 0's device 0."""
+    """One stage, a ring of R = 4 on 5 devices, hop seconds 1 on the chain 0-1-2-3 (bandwidth 4), 2 on
+    3-4 (bandwidth 2), 4 elsewhere (bandwidth 1), by hand, ring on devices 0, 1, 2, 3: replica r's
+    return cost bounds the largest hop of the 4 − r hops back to replica 0's device 0."""
     bandwidth = np.ones((5, 5))
     for i, j, width in ((0, 1, 4), (1, 2, 4), (2, 3, 4), (3, 4, 2)):
         bandwidth[i, j] = bandwidth[j, i] = width
     problem = MappingProblem(np.array([1.0]), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64),
                              np.zeros(0), np.array([4.0 / 1.5]), 4, bandwidth)  # 2(R−1)/R · P = 4 bytes
     instance = MappingInstance.build(problem, ALLREDUCE, [0, 0, 0, 0], [0, 1, 2, 3])
-    assert instance.ring_start.tolist() == [-1, 0, 0, -1]  # replica 3 pays its closing hop exactly
+    assert instance.ring_start.tolist() == [0, 0, 0, -1]  # replica 3 pays its closing hop exactly
     seconds = instance.return_costs([0, 1, 2, 3]) * instance.scale
-    np.testing.assert_allclose(seconds[1], [1, 1, 1, 1, 4])  # ≤ 3 hops: 0-1-2-3 all at 1 s; 4 needs a 2 s or 4 s hop
-    np.testing.assert_allclose(seconds[2], [1, 1, 1, 4, 4])  # ≤ 2 hops: device 3 is 3 hops away at 1 s
-    assert not seconds[[0, 3]].any()
+    # replica 0: the second cheapest hop to a free device (the ring leaves to replica 1, returns from 3)
+    np.testing.assert_allclose(seconds[0], [4, 1, 1, 2, 4])
+    # replica 1, 3 hops back through devices 1-4: 1 s along the chain (2 then 1 then 0, or 2-3-2-1 as a
+    # bound), 4 s from device 4 (its hops: 2 s to 3 and 4 s to the rest, but from 3 the way on costs
+    # 4 s); on device 1 the closing hop into device 0 must come from another device: 4 s
+    np.testing.assert_allclose(seconds[1], [1, 4, 1, 1, 4])
+    # replica 2, 2 hops back through devices 2-4 (device 1 holds replica 1): every hop into 0 is 4 s
+    # (through free devices only; the old bound went back over device 1 at 1 s)
+    np.testing.assert_allclose(seconds[2], [4, 4, 4, 4, 4])
+    assert not seconds[3].any()
     # the decoder sees the same return cost: with only β₃ on, a logit is −relu(c + max(P, ret) − T)
     policy = MappingPolicy(SMALL)
     decoder = MappingDecoder(policy, instance)
@@ -212,7 +219,7 @@ def test_greedy_kernel_is_the_argmax_of_the_step_by_step_logits_compiled_or_not(
     while len(stepped) < instance.num_slots:
         stepped.append(int(np.argmax(np.round(reference.logits(stepped), 6))))
     assert compiled == stepped
-    for name in ("_greedy_kernel", "_closing_rows"):
+    for name in ("_greedy_kernel", "_return_row", "_opening_row"):
         kernel = getattr(mapping, name)
         monkeypatch.setattr(mapping, name, getattr(kernel, "py_func", kernel))
     assert MappingDecoder(policy, instance).complete(prefix) == compiled
@@ -224,7 +231,7 @@ def test_cached_closing_tables_equal_rebuilt_ones():
     problem = _problem(4, 2, 8, "mesh2d:4x4")
     _, instance = _instance(problem, ALLREDUCE)
     decoder = MappingDecoder(_trained_sign_policy(), instance)
-    look = [k for k in range(instance.num_slots) if instance.ring_start[k] > 0]  # the second ring's replicas
+    look = [k for k in range(instance.num_slots) if 0 < instance.ring_start[k] < k]  # ring 2, replicas ≥ 1
     k, first = look[0], int(instance.ring_start[look[0]])
     prefix = list(range(first)) + [first]
     shuffled = list(range(first))[::-1] + [first]  # same set, same replica 0, other order
@@ -236,10 +243,69 @@ def test_cached_closing_tables_equal_rebuilt_ones():
     assert len(decoder._closing) == 2
 
 
+def test_return_costs_of_a_two_by_two_mesh_ring_by_hand():
+    """A ring of R = 4 on a 2 x 2 mesh (devices 0 1 / 2 3; 1-hop links 78.1 GB/s, the diagonals 2
+    hops at 39 GB/s) with replica 0 on device 0 and replica 1 on device 1: replica 2's return cost
+    (2 hops back through free devices 2, 3) is the 1-hop link on device 3 (3-2-0) and the 2-hop link
+    on device 2 (its only way back is through 3, a diagonal); the cheapest a ring opened on any
+    device can pay is its second cheapest link, a 1-hop one."""
+    cluster = resolve_cluster("mesh2d:2x2")
+    problem = MappingProblem.from_cluster(cluster, stage_time=np.array([1.0]), edge_src=np.zeros(0, dtype=np.int64),
+                                          edge_dst=np.zeros(0, dtype=np.int64), edge_bytes=np.zeros(0),
+                                          param_bytes=np.array([1e9]), replicas=4)
+    instance = MappingInstance.build(problem, ALLREDUCE, [0, 0, 0, 0], [0, 1, 2, 3])
+    one, two = (2 * 3 * 1e-6 * hops + 1.5e9 / bandwidth for hops, bandwidth in ((1, 78.1e9), (2, 39.0e9)))
+    seconds = instance.return_costs([0, 1, 3, 2]) * instance.scale
+    np.testing.assert_allclose(seconds[0], [one] * 4)
+    np.testing.assert_allclose(seconds[2, [2, 3]], [two, one])
+
+
+def _reach(decoder: MappingDecoder, devices: list[int]) -> np.ndarray:
+    """[D] the bound a bounded completion holds each device of the next slot to, from the numpy decoder."""
+    k, instance = len(devices), decoder.instance
+    _, partial = decoder._step(k, devices, decoder._running_time(devices))
+    if instance.ring_start[k] < 0:
+        return partial
+    added = partial - instance.compute[k]
+    return np.maximum(partial, instance.compute[k] + np.maximum(added, decoder._return_cost(k, devices)))
+
+
+@pytest.mark.parametrize("mode,cluster", [(ALLREDUCE, "mesh2d:4x4"), (P2P, "tag-random:seed=3")])
+def test_bounded_completion_is_the_argmax_among_devices_within_the_bound(mode, cluster):
+    """Under a bound, the compiled completion takes the highest rounded logit among the free devices
+    whose reach (numpy) is within it, and gives up (None) where there is none."""
+    devices = resolve_cluster(cluster).num_devices
+    problem = _problem(8, 4, devices // 4, cluster, latency=True)
+    _, instance = _instance(problem, mode)
+    policy = _trained_sign_policy()
+    greedy = MappingDecoder(policy, instance).complete([])
+    for fraction in (1.0, 0.8, 0.6):
+        bound = fraction * max_stage_time(problem, _as_mapping(instance, greedy), mode)
+        compiled = MappingDecoder(policy, instance).complete([], bound=bound)
+        reference = MappingDecoder(policy, instance)
+        stepped: list[int] | None = []
+        while stepped is not None and len(stepped) < instance.num_slots:
+            logits = np.round(reference.logits(stepped), 6)
+            logits[_reach(reference, stepped) * instance.scale > bound * (1 + 1e-9)] = -np.inf
+            logits[stepped] = -np.inf
+            stepped = stepped + [int(np.argmax(logits))] if np.isfinite(logits).any() else None
+        assert compiled == stepped
+        if compiled is not None:
+            assert max_stage_time(problem, _as_mapping(instance, compiled), mode) <= max_stage_time(
+                problem, _as_mapping(instance, greedy), mode) or fraction < 1.0
+
+
+def _as_mapping(instance: MappingInstance, devices: list[int]) -> np.ndarray:
+    out = np.empty((instance.problem.num_stages, instance.problem.num_replicas), dtype=np.int64)
+    out[instance.slot_stage, instance.slot_replica] = devices
+    return out
+
+
 @pytest.mark.parametrize("mode", [P2P, ALLREDUCE])
 def test_running_time_bounds_the_objective_and_bounded_completions_give_up_only_on_slower_maps(mode):
-    """T after every slot never exceeds the map's max stage time, so a completion given up under a
-    bound would have been no faster than it; one kept is the unbounded completion."""
+    """T after every slot never exceeds the map's max stage time, and each slot's reach never exceeds
+    its stage's time in the finished map, so a bound at or above the greedy completion's time keeps
+    it: no device it chose was past the bound."""
     problem = _problem(6, 4, 4, "uniform-dist:16,seed=2", latency=True)
     env, instance = _instance(problem, mode)
     decoder = MappingDecoder(_trained_sign_policy(), instance)
@@ -252,13 +318,13 @@ def test_running_time_bounds_the_objective_and_bounded_completions_give_up_only_
         prefix = devices[:int(rng.integers(0, 8))]
         full = MappingDecoder(_trained_sign_policy(), instance).complete(prefix)
         seconds = env.score(env.mapping(tuple(full))).time
-        for bound in (0.5 * seconds, seconds, 2.0 * seconds):
-            kept = MappingDecoder(_trained_sign_policy(), instance).complete(prefix, bound=bound)
-            assert kept == full if kept is not None else seconds >= bound
+        for bound in (seconds, 2.0 * seconds):
+            assert MappingDecoder(_trained_sign_policy(), instance).complete(prefix, bound=bound) == full
 
 
 @pytest.mark.parametrize("mode", [P2P, ALLREDUCE])
 def test_discrepancy_pass_never_loses_to_the_greedy_decode_and_stops_at_its_budget(mode, monkeypatch):
+    monkeypatch.setattr("tag.policy.mapping._threshold_pass", lambda env, decoder, best, *args: best)
     problem = _problem(7, 4, 4, "random-blk-1:16,seed=4")
     policy = _trained_sign_policy()
     greedy = learned_mapping(problem, policy, instantiation=mode, iterations=0, discrepancies=0)
@@ -271,6 +337,27 @@ def test_discrepancy_pass_never_loses_to_the_greedy_decode_and_stops_at_its_budg
     learned_mapping(problem, policy, instantiation=mode, iterations=0, discrepancies=5)
     leaves = [bound for bound in calls if bound is not None]  # the pass's leaves (the env's fill has no bound)
     assert len(leaves) == 5 and leaves == sorted(leaves, reverse=True)  # each bounded by the best so far
+
+
+def test_threshold_pass_climbs_from_the_lower_bound_and_never_loses(monkeypatch):
+    """The pass decodes under thresholds rising geometrically from the lower bound towards the greedy
+    decode's time, and keeps the greedy leaf unless a decode is faster."""
+    from tag.policy.mapping import THRESHOLD_STEPS, _threshold_pass
+
+    problem = _problem(3, 4, 4, "mesh2d:4x4")
+    env, instance = _instance(problem, ALLREDUCE)
+    decoder = MappingDecoder(_trained_sign_policy(), instance)
+    env.fill = decoder.complete
+    greedy = env.evaluate(env.root())
+    bounds = []
+    original = MappingDecoder.complete
+    monkeypatch.setattr(MappingDecoder, "complete", lambda self, devices, **kw: bounds.append(kw["bound"])
+                        or original(self, devices, **kw))
+    lower = 0.5 * greedy.time
+    best = _threshold_pass(env, decoder, greedy, lower, np.inf)
+    assert best.time <= greedy.time and len(bounds) <= THRESHOLD_STEPS
+    np.testing.assert_allclose(bounds, [lower * 2.0 ** (i / THRESHOLD_STEPS) for i in range(len(bounds))])
+    assert best is greedy or len(bounds) < THRESHOLD_STEPS or best.time < greedy.time
 
 
 @pytest.mark.parametrize("mode", [P2P, ALLREDUCE])

@@ -2,8 +2,9 @@
 
 A :class:`~tag.search.MappingEnv` decides one stage replica ("slot") after another, in the exact
 mapper's connectivity order; an action is a device. This module gives that tree its priors and its
-default fill, and :func:`learned_mapping` searches it: the greedy decode, one pass of limited
-discrepancy search (the runner-up device at each slot in turn), then MCTS.
+default fill, and :func:`learned_mapping` searches it: the greedy decode, greedy decodes under rising
+thresholds of the stage time, one pass of limited discrepancy search (the runner-up device at each slot
+in turn), then MCTS.
 
 **Graph.** Two node types: slots (stage replicas, K = S·R) and single devices (D). Slot edges join the
 replicas that exchange data: replica r of adjacent stages (p2p, Parmesan eq. 8) and consecutive replicas
@@ -31,11 +32,14 @@ instantiation (eq. 6: the sum of the transfers; eq. 7: the ring's slowest hop so
 T the largest such "time at placement" among the earlier slots: the network learns where to go, the
 physical terms keep a bottleneck objective in view. A[d] = max(P[d], ret[d]) looks ahead along an
 all-reduce ring: the greedy decode learns of a ring's closing hop only at its last replica, so replica
-1 ≤ r ≤ R−2 also sees its *return cost* ret[d], the least largest hop of a path of at most R − r hops
-from d back to replica 0's device through devices that were free when replica 0 was placed (a
-bottleneck Bellman–Ford per ring, :meth:`MappingInstance.closing_table`); elsewhere A = P. Used devices
-are masked. The decoder is numpy (its greedy completion a numba kernel that agrees with it bit for
-bit), O(degree · D) per step plus O(R · D²) per ring, so one forward pass serves a whole search
+1 ≤ r ≤ R−2 also sees its *return cost* ret[d], a lower bound of the largest hop of the R − r hops from
+d back to replica 0's device through devices still free (a bottleneck Bellman–Ford,
+:meth:`MappingInstance.closing_table`), and replica 0 the second cheapest hop from d to a free device
+(its ring leaves it and comes back, :meth:`MappingInstance.opening_cost`); elsewhere A = P. Since
+c + A[d] never exceeds the stage's time in the finished map, a completion under a bound masks the
+devices past it (:meth:`MappingDecoder.complete`). Used devices are masked. The decoder is numpy (its
+greedy completion a numba kernel that agrees with it bit for bit), O(degree · D) per step plus
+O(R · D²) per ring replica, so one forward pass serves a whole search
 (memoised per prefix, :class:`MappingDecoder`); :func:`teacher_forced_logits`
 computes the same logits for every step of a given mapping at once in torch, for training (a test holds
 the two equal).
@@ -192,9 +196,8 @@ class MappingInstance:
         edge_kind = np.asarray(kinds, dtype=np.int64)
         counted = edge_kind == (P2P_EDGE if instantiation == P2P else RING_EDGE)
         ring_coef = 2.0 * (replicas - 1) / replicas * problem.param_bytes[slot_stage].astype(np.float64)  # [K]
-        looks_ahead = ((instantiation == ALLREDUCE) & (ring_coef > 0) & (slot_replica >= 1)
-                       & (slot_replica <= replicas - 2))
-        ring_start = np.where(looks_ahead, slot_of[slot_stage, 0], -1)
+        looks_ahead = (instantiation == ALLREDUCE) & (ring_coef > 0) & (slot_replica <= replicas - 2)
+        ring_start = np.where(looks_ahead, slot_of[slot_stage, 0], -1)  # replica 0: its own slot (opening_cost)
 
         off = ~np.eye(devices, dtype=bool)
         bandwidth = problem.bandwidth
@@ -280,24 +283,55 @@ class MappingInstance:
 
     def closing_table(self, slot: int, devices: Sequence[int]) -> np.ndarray:
         """[R − 1, D] for the ring of look-ahead slot ``slot``, its replica 0 on ``devices[ring_start]``:
-        row h − 1 is the least largest hop of a path of at most h hops from replica 0's device to each
-        device through devices free when replica 0 was placed (a bottleneck Bellman–Ford). Row R − r − 1 is
-        then the cheapest the rest of the ring can close from a device of replica r: its *return cost*."""
+        row h − 1 bounds from below the least largest hop of a path of h hops from replica 0's device to
+        each device through devices still free before ``slot``; row R − r − 1 is then the cheapest the
+        rest of the ring can close from a device of replica r: its *return cost*. Three bounds, each
+        the ring's closing path must meet (a bottleneck Bellman–Ford gives the first two):
+
+        - at most h − 1 hops to a free device, then one hop from it (not "at most h hops": the direct
+          link priced a last look-ahead replica's way back though two hops were left);
+        - the closing hop: the last replica, on a free device other than the one priced, joins replica
+          0's device (a ring that took the last free device next to its replica 0 saw a cheap way back);
+        - through the devices free *now*: the ring's own replicas 1..r − 1 are not on the way back (a
+          ring walking a line of a mesh saw a one-hop way back over what it had just taken).
+
+        Each of the three, missing, let the greedy decode build 2D-mesh rings that had to close over a
+        long link at their last replica. Row 0 is the direct hop."""
         first = int(self.ring_start[slot])
         hop = self.hop_cost(slot)
         inner = np.ones(self.num_devices, dtype=bool)
-        inner[list(devices[:first + 1])] = False
-        table = _bottleneck_paths(hop, int(devices[first]), inner, self.problem.num_replicas - 1)
+        inner[list(devices[:slot])] = False
+        start = int(devices[first])
+        at_most = _bottleneck_paths(hop, start, inner, self.problem.num_replicas - 1)  # [R − 1, D]
+        table = at_most.copy()
+        # h ≥ 2 hops: the last one comes from another free device (a path of h hops, not at most h)
+        table[1:] = np.maximum(at_most[:-1, inner][:, :, None], hop[inner][None]).min(axis=1, initial=np.inf)
+        closing = np.where(inner, hop[start], np.inf)  # [D] the closing hop from each free device
+        nearest = int(np.argmin(closing))
+        floor = np.full(self.num_devices, closing[nearest])  # [D] the cheapest closing hop from another device
+        floor[nearest] = np.delete(closing, nearest).min(initial=np.inf)
+        table[1:] = np.maximum(table[1:], floor)
         return np.minimum(table, _FAR)
+
+    def opening_cost(self, slot: int, devices: Sequence[int]) -> np.ndarray:
+        """[D] the return cost of a ring's replica 0 (look-ahead slot ``slot`` that starts its ring) on
+        each device: its ring leaves it for replica 1 and comes back from replica R − 1, two devices free
+        before ``slot`` (one when R = 2), so it pays at least the second cheapest hop to a free device.
+        Without it a ring started in a corner of a 2D mesh with one free neighbour left, and had to
+        close over a long link."""
+        free = np.ones(self.num_devices, dtype=bool)
+        free[list(devices[:slot])] = False
+        needed = min(2, self.problem.num_replicas - 1)
+        links = np.sort(np.where(free[None, :], self.hop_cost(slot), np.inf), axis=1)  # [D, D]
+        return np.minimum(links[:, needed - 1], _FAR)
 
     def return_costs(self, devices: Sequence[int]) -> np.ndarray:
         """[K, D] the return cost of every look-ahead slot k under the mapping ``devices`` [K] (0 for the
         other slots); row k depends on ``devices[:k]`` only."""
         out = np.zeros((self.num_slots, self.num_devices))
-        for first in np.unique(self.ring_start[self.ring_start >= 0]).tolist():
-            rows = np.flatnonzero(self.ring_start == first)
-            table = self.closing_table(int(rows[0]), devices)
-            out[rows] = table[self.hops_left[rows] - 1]
+        for k in np.flatnonzero(self.ring_start >= 0).tolist():
+            out[k] = (self.opening_cost(k, devices) if self.ring_start[k] == k
+                      else self.closing_table(k, devices)[self.hops_left[k] - 1])
         return out
 
 
@@ -528,7 +562,7 @@ class MappingDecoder:
     ``out[:j]`` is ``out``, which MCTS asks for whenever it takes the greedy child); and, for the
     priors, a ring's closing table under its replica 0's device and the *set* of devices used before it
     (prefixes that differ only in order share it). A completion runs in :func:`_greedy_kernel`, which
-    builds the closing tables of the rings it places itself (compiled, faster than looking them up)."""
+    computes the return costs of the rings it places itself (compiled, faster than looking them up)."""
 
     def __init__(self, policy: MappingPolicy, instance: MappingInstance) -> None:
         tables = numpy_tables(policy, instance)
@@ -559,10 +593,8 @@ class MappingDecoder:
         self._closing: dict[tuple[int, int, frozenset[int]], np.ndarray] = {}  # (ring start, its device, used set)
         self._flat: tuple[np.ndarray, ...] | None = None  # _greedy_kernel's tables, built at the first completion
 
-    def _step(self, k: int, devices: Sequence[int], before: float,
-              closing: dict[int, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """(logits [D] unmasked, partial time [D]) of slot k with slots < k on ``devices``; ``closing``
-        (ring start -> table) saves a decode the closing-table look-up of every step of one ring."""
+    def _step(self, k: int, devices: Sequence[int], before: float) -> tuple[np.ndarray, np.ndarray]:
+        """(logits [D] unmasked, partial time [D]) of slot k with slots < k on ``devices``."""
         inst = self.instance
         logits = self.static[k].copy()
         added = None  # P [D]: one slot has counted edges of one kind only; None for no counted edge (P = 0)
@@ -587,24 +619,21 @@ class MappingDecoder:
             logits -= ((beta[1] + beta[3]) * np.maximum(partial - before, 0.0)
                        + (beta[2] + beta[4]) * np.maximum(partial - 1.0, 0.0))
         else:
-            ret = self._return_cost(k, devices, closing)
+            ret = self._return_cost(k, devices)
             ahead = inst.compute[k] + (ret if added is None else np.maximum(added, ret))
             logits -= (beta[1] * np.maximum(partial - before, 0.0) + beta[2] * np.maximum(partial - 1.0, 0.0)
                        + beta[3] * np.maximum(ahead - before, 0.0) + beta[4] * np.maximum(ahead - 1.0, 0.0))
         return logits, partial
 
-    def _return_cost(self, k: int, devices: Sequence[int],
-                     closing: dict[int, np.ndarray] | None = None) -> np.ndarray:
+    def _return_cost(self, k: int, devices: Sequence[int]) -> np.ndarray:
         """[D] look-ahead slot k's return cost, from its ring's closing table (memoised, class docstring)."""
         first = int(self.instance.ring_start[k])
-        table = None if closing is None else closing.get(first)
+        if first == k:  # replica 0
+            return self.instance.opening_cost(k, devices)
+        key = (first, int(devices[first]), frozenset(devices[:k]))
+        table = self._closing.get(key)
         if table is None:
-            key = (first, int(devices[first]), frozenset(devices[:first + 1]))
-            table = self._closing.get(key)
-            if table is None:
-                table = self._closing[key] = self.instance.closing_table(k, devices)
-            if closing is not None:
-                closing[first] = table
+            table = self._closing[key] = self.instance.closing_table(k, devices)
         return table[self.instance.hops_left[k] - 1]
 
     def _running_time(self, devices: Sequence[int]) -> float:
@@ -614,9 +643,22 @@ class MappingDecoder:
         before = self._before.get(key)
         if before is None:
             before = self._running_time(key[:-1])
-            _, partial = self._step(len(key) - 1, key, before)
-            before = self._before[key] = max(before, float(partial[key[-1]]))
+            before = self._before[key] = max(before, self._placement_time(len(key) - 1, key))
         return before
+
+    def _placement_time(self, k: int, devices: Sequence[int]) -> float:
+        """Slot k's time at placement on ``devices[k]``: :meth:`_step`'s partial time of that one device,
+        by the same float operations in the same order (bit for bit), without the logits and their
+        closing table, which T does not need."""
+        d = devices[k]
+        added = None
+        for _, a, is_ring, cost in self._earlier[k]:
+            if cost is None:
+                continue
+            link = cost[devices[a], d]
+            added = link if added is None else (max(added, link) if is_ring else added + link)
+        compute = self.instance.compute[k, d]
+        return float(compute if added is None else compute + added)
 
     def _crowd(self, free: np.ndarray) -> np.ndarray:
         """[D] the share of each device's near links whose far end is ``free`` ([D] 1, else 0)."""
@@ -644,18 +686,25 @@ class MappingDecoder:
 
     def complete(self, devices: Sequence[int], *, bound: float | None = None) -> list[int] | None:
         """``devices`` extended to every slot, each next slot on its highest-logit free device. With
-        ``bound`` (seconds), None as soon as the running time T shows the map cannot be faster: T, the
-        largest time at placement, never exceeds the map's max stage time (each placement counts a
-        subset of the transfers or ring hops the objective counts)."""
+        ``bound`` (seconds), on its highest-logit free device whose *reach* stays within the bound, None
+        when the prefix's running time T passes it or no free device is left within it. The reach,
+        max(P, ret) + c (P + c off a ring's look-ahead), never exceeds the stage's time in the finished
+        map (P counts a subset of the transfers or ring hops the objective counts; ret is the least a
+        closing path through free devices can cost), so a device past the bound cannot give a faster
+        map: the bound prunes where the plain greedy decode would give up, and the completion goes on
+        along the decoder's next choice (a greedy decode under a threshold, as the exact mapper's
+        Algorithm 1 runs its search under one). Without it the decode is the plain greedy one."""
         start = tuple(devices)
+        limit = math.inf if bound is None else bound / self.instance.scale * (1.0 + _BOUND_RTOL)
+        if start and self._running_time(start) > limit:
+            return None
         if len(start) == self.instance.num_slots:
             return list(start)
-        known = self._known_completion(start)
+        known = self._known_completion(start) if bound is None else None
         if known is not None:
             return list(known)
         free = np.ones(self.instance.num_devices, dtype=np.int64)
         free[list(start)] = 0
-        limit = math.inf if bound is None else bound / self.instance.scale * (1.0 + _BOUND_RTOL)
         ptr, src, edges, cost, ring, costs, slot_hop, hops = self._flat_tables()
         inst = self.instance
         out, stopped = _greedy_kernel(
@@ -666,7 +715,8 @@ class MappingDecoder:
         if stopped >= 0:
             return None
         full = tuple(out.tolist())
-        self._completions[start] = full
+        if bound is None:  # a bounded completion is not the greedy decode the memo holds
+            self._completions[start] = full
         return list(full)
 
     def _flat_tables(self) -> tuple[np.ndarray, ...]:
@@ -731,8 +781,10 @@ def _greedy_kernel(prefix, before, limit, static, affinity, compute, edge_ptr, e
     """:meth:`MappingDecoder.complete`'s loop over flat arrays (K slots, D devices), from the decided
     ``prefix`` with running time ``before`` (and ``free_near`` [D], ``taken`` [D] 0 or −∞, updated in
     place): the float operations of :meth:`MappingDecoder._step` and its crowding and rounding, in the
-    same order, so the decode agrees bit for bit with the logits the search's priors come from. Returns
-    (devices [K], -1), or (devices, k) when slot k's time at placement passed ``limit``.
+    same order, so the decode agrees bit for bit with the logits the search's priors come from. Slot k
+    takes the best free device whose reach (time at placement, or its ring's look-ahead max(P, ret) + c)
+    is at most ``limit`` (MappingDecoder.complete). Returns (devices [K], -1), or (devices, k) when no
+    free device keeps slot k within ``limit``.
 
     ``edge_ptr`` [K + 1] CSR over each slot's earlier edges: ``edge_src`` (earlier slot), ``edge_weight``,
     ``edge_cost`` (index into ``costs`` [C, D, D], -1 when not counted), ``edge_ring``; ``slot_hop`` [K]
@@ -740,12 +792,13 @@ def _greedy_kernel(prefix, before, limit, static, affinity, compute, edge_ptr, e
     num_slots, num_devices = static.shape
     out = np.empty(num_slots, dtype=np.int64)
     out[:len(prefix)] = prefix
-    table = np.empty((max(int(hops_left.max()) - 1, 1), num_devices))  # [R − 1, D]
-    current = -1  # the ring start whose closing table ``table`` holds
+    table = np.empty((max(int(hops_left.max()) - 1, 1), num_devices))  # [R − 1, D] _return_row's scratch
+    ret_row = np.empty(num_devices)  # [D] a look-ahead slot's return cost
     logits = np.empty(num_devices)
     added = np.empty(num_devices)
     partial = np.empty(num_devices)
     c13, c24 = beta[1] + beta[3], beta[2] + beta[4]
+    reach = np.empty(num_devices)  # [D] a lower bound of slot k's final stage time on each device
     for k in range(len(prefix), num_slots):
         logits[:] = static[k]
         counted = False
@@ -774,48 +827,73 @@ def _greedy_kernel(prefix, before, limit, static, affinity, compute, edge_ptr, e
         if first < 0:
             for d in range(num_devices):
                 logits[d] -= c13 * max(partial[d] - before, 0.0) + c24 * max(partial[d] - 1.0, 0.0)
+                reach[d] = partial[d]
         else:
-            if first != current:
-                _closing_rows(hops[slot_hop[k]], out, first, table)
-                current = first
-            h = hops_left[k] - 1
+            if first == k:
+                _opening_row(hops[slot_hop[k]], out, k, min(2, hops_left[k] - 1), ret_row)
+            else:
+                _return_row(hops[slot_hop[k]], out, first, k, hops_left[k], table, ret_row)
             for d in range(num_devices):
-                ret = table[h, d]
+                ret = ret_row[d]
                 ahead = compute[k, d] + (max(added[d], ret) if counted else ret)
                 logits[d] -= (beta[1] * max(partial[d] - before, 0.0) + beta[2] * max(partial[d] - 1.0, 0.0)
                               + beta[3] * max(ahead - before, 0.0) + beta[4] * max(ahead - 1.0, 0.0))
+                reach[d] = max(partial[d], ahead)
         choice = -1
         top = -np.inf
         for d in range(num_devices):
+            if taken[d] < 0.0 or reach[d] > limit:
+                continue
             score = logits[d] + crowding * (free_near[d] / near_total[d])
-            score = np.rint(score * _TIE_SCALE) / _TIE_SCALE + taken[d]  # np.round(·, _TIE_DECIMALS): ties to
-            # the lowest id
+            score = np.rint(score * _TIE_SCALE) / _TIE_SCALE  # np.round(·, _TIE_DECIMALS): ties to the lowest id
             if choice < 0 or score > top:
                 choice, top = d, score
+        if choice < 0:
+            return out, k
         out[k] = choice
         taken[choice] = -np.inf
         for d in range(num_devices):
             free_near[d] -= near_columns[choice, d]
         before = max(before, partial[choice])
-        if before > limit:
-            return out, k
     return out, -1
 
 
 @_jit
-def _closing_rows(hop, devices, first, table):  # pragma: no cover - compiled
-    """:meth:`MappingInstance.closing_table` into ``table`` [R − 1, D]: the same Bellman–Ford rounds, each
-    relaxing only through the inner devices whose value the round before lowered (the others cannot
-    lower anything again; min and max are exact, so the table is the same bit for bit)."""
+def _opening_row(hop, devices, slot, needed, ret):  # pragma: no cover - compiled
+    """:meth:`MappingInstance.opening_cost` for ``slot`` into ``ret`` [D]: per device, the ``needed``-th
+    (1 or 2) cheapest ``hop`` [D, D] to a device free before ``slot`` (min is exact: bit for bit)."""
     num_devices = hop.shape[0]
+    free = np.ones(num_devices, dtype=np.bool_)
+    for i in range(slot):
+        free[devices[i]] = False
+    for d in range(num_devices):
+        low, second = np.inf, np.inf
+        for x in range(num_devices):
+            if free[x]:
+                value = hop[d, x]
+                if value < low:
+                    low, second = value, low
+                elif value < second:
+                    second = value
+        ret[d] = min(low if needed == 1 else second, _FAR)
+
+
+@_jit
+def _return_row(hop, devices, first, slot, hops, table, ret):  # pragma: no cover - compiled
+    """Row ``hops`` − 1 of :meth:`MappingInstance.closing_table` for ``slot`` into ``ret`` [D], with
+    ``table`` [R − 1, D] as scratch for the at-most rows 0 … ``hops`` − 2: the same Bellman–Ford rounds,
+    each relaxing only through the inner devices whose value the round before lowered (the others
+    cannot lower anything again; min and max are exact, so the row is the same bit for bit)."""
+    num_devices = hop.shape[0]
+    rows = hops - 1
     inner = np.ones(num_devices, dtype=np.bool_)
-    for i in range(first + 1):
+    for i in range(slot):
         inner[devices[i]] = False
     best = hop[devices[first]].copy()
     fresh = inner & (best < np.inf)  # [D] inner devices whose value is new since the last round
     longer = np.empty(num_devices)
     table[0] = best
-    for h in range(1, table.shape[0]):
+    for h in range(1, rows):
         longer[:] = best
         for a in range(num_devices):
             if fresh[a]:
@@ -829,14 +907,26 @@ def _closing_rows(hop, devices, first, table):  # pragma: no cover - compiled
             fresh[d] = inner[d] and longer[d] < best[d]
             changed = changed or longer[d] < best[d]
         if not changed:  # converged: more hops find nothing cheaper
-            for g in range(h, table.shape[0]):
+            for g in range(h, rows):
                 table[g] = best
             break
         best[:] = longer
         table[h] = best
-    for h in range(table.shape[0]):
-        for d in range(num_devices):
-            table[h, d] = min(table[h, d], _FAR)
+    ret[:] = np.inf  # the last hop into each device from another free one
+    for a in range(num_devices):
+        if inner[a]:
+            through, row = table[rows - 1, a], hop[a]
+            for d in range(num_devices):
+                ret[d] = min(ret[d], max(through, row[d]))
+    nearest, low, second = -1, np.inf, np.inf  # the two cheapest closing hops from free devices
+    start = hop[devices[first]]
+    for d in range(num_devices):
+        if inner[d] and (nearest < 0 or start[d] < low):
+            nearest, low, second = d, start[d], low
+        elif inner[d] and start[d] < second:
+            second = start[d]
+    for d in range(num_devices):
+        ret[d] = min(max(ret[d], second if d == nearest else low), _FAR)
 
 
 # --------------------------------------------------------------------------------------- checkpoints
@@ -893,6 +983,7 @@ DEFAULT_MAPPER_DISCREPANCIES: int | None = None  # one-discrepancy leaves after 
 # and a ring's region is chosen: 4 against 1 lowered the mean validation gap from 8.4% to 7.9% and the
 # median gap to the better heuristic at 128-256 devices from -37% to -47% (held-out problems, seeds 5000+)
 RING_START_WIDTH = 4
+THRESHOLD_STEPS = 8  # greedy decodes under thresholds from the lower bound up to the greedy decode's time
 _PROVEN = 1.0 - 1e-12  # a map's value (quick lower bound / its time) at which it is optimal
 
 
@@ -923,12 +1014,13 @@ def learned_mapping(problem: MappingProblem, policy: MappingPolicy, *, instantia
                     lower_bound: float | None = None, seed: int | np.random.Generator | None = 0,
                     patience: int | None = None) -> np.ndarray:
     """[S, R] the best mapping of the mapping GNN's decoder on a :class:`~tag.search.MappingEnv`: one
-    forward pass and the greedy decode; then up to ``discrepancies`` one-discrepancy leaves (None: a
-    whole pass, S·(R − 1 + RING_START_WIDTH) leaves at most; :func:`_discrepancy_pass`: a runner-up
-    device at one slot of the best map, the rest greedy); then up to ``iterations`` leaves of MCTS with
-    the decoder's priors and greedy fill. ``time_limit_s`` caps both; both stop once a map meets
-    ``lower_bound`` (by default :func:`quick_lower_bound`: the map is then optimal, and the search is
-    skipped when the greedy decode does), and MCTS after ``patience`` leaves in a row that did not
+    forward pass and the greedy decode; then up to THRESHOLD_STEPS greedy decodes under thresholds
+    from the lower bound up (:func:`_threshold_pass`); then up to ``discrepancies`` one-discrepancy
+    leaves (None: a whole pass, S·(R − 1 + RING_START_WIDTH) leaves at most; :func:`_discrepancy_pass`:
+    a runner-up device at one slot of the best map, the rest greedy under the best map's time); then up
+    to ``iterations`` leaves of MCTS with the decoder's priors and greedy fill. ``time_limit_s`` caps
+    all three; all stop once a map meets ``lower_bound`` (by default :func:`quick_lower_bound`: the map
+    is then optimal, and the search is skipped when the greedy decode does), and MCTS after ``patience`` leaves in a row that did not
     improve its best (None: no such stop). The CS map is among the candidates, so the result is never
     worse than it."""
     from tag.search import MappingEnv, mcts_search
@@ -942,6 +1034,8 @@ def learned_mapping(problem: MappingProblem, policy: MappingPolicy, *, instantia
     best = max((env.baseline(), env.evaluate(env.root())), key=lambda leaf: -leaf.time)
     deadline = math.inf if time_limit_s is None else start + time_limit_s
     budget = math.inf if discrepancies is None else discrepancies
+    if best.value < _PROVEN:
+        best = _threshold_pass(env, decoder, best, lower_bound, deadline)
     if best.value < _PROVEN and budget > 0:
         best = _discrepancy_pass(env, decoder, best, budget, deadline)
     if best.value >= _PROVEN or iterations <= 0 or time.perf_counter() >= deadline:
@@ -958,12 +1052,41 @@ def learned_mapping(problem: MappingProblem, policy: MappingPolicy, *, instantia
     return np.asarray(result.best if result.best_time < best.time else best.candidate, dtype=np.int64)
 
 
+def _threshold_pass(env: Any, decoder: MappingDecoder, best: Any, lower_bound: float, deadline: float, *,
+                    steps: int = THRESHOLD_STEPS) -> Any:
+    """The best leaf of greedy decodes under the thresholds τ_i = LB · (t / LB)^(i / steps), i = 0, 1, …,
+    from the lower bound ``lower_bound`` up to the time t of ``best`` (:meth:`MappingDecoder.complete`
+    with ``bound=τ_i``: each slot on the decoder's best device that keeps its reach within τ_i); the first
+    leaf faster than ``best`` ends the pass. Stops at ``deadline`` or once a leaf is optimal.
+
+    The decoder's physical terms weigh a slow link against its learned scores by a few tenths of a
+    logit per lower bound of time, which its learned terms outweigh: a ring on a mesh takes a two-hop
+    link or runs into a corner it cannot close from, and one discrepancy per slot cannot undo several
+    such choices at once. Under a threshold those devices are masked (like the exact mapper's Algorithm
+    1, which searches under one), and the decoder chooses among the rest. The lowest thresholds fail
+    most often, so they come first: a decode that fits τ_i is what higher thresholds would find at best."""
+    start = best.time
+    if lower_bound <= 0 or start <= lower_bound:
+        return best
+    for i in range(steps):
+        if time.perf_counter() >= deadline:
+            break
+        full = decoder.complete([], bound=lower_bound * (start / lower_bound) ** (i / steps))
+        if full is None:
+            continue
+        leaf = env.evaluate(tuple(full))
+        if leaf.time < best.time:
+            return leaf
+    return best
+
+
 def _discrepancy_pass(env: Any, decoder: MappingDecoder, best: Any, budget: float, deadline: float, *,
                       start_width: int = RING_START_WIDTH) -> Any:
     """The best leaf of one pass of limited discrepancy search from ``best`` (a LeafEvaluation of the
     greedy decode or better): for slot k = 0, 1, …, the runner-up device of the decoder's logits at k
     after the best map's first k slots (the ``start_width`` runners-up at a stage's replica 0), completed
-    greedily, replaces the best when it is faster. Up to ``budget`` leaves; stops at ``deadline``
+    greedily under the best map's time (each slot within it, :meth:`MappingDecoder.complete`), replaces
+    the best when it is faster. Up to ``budget`` leaves; stops at ``deadline``
     (perf_counter seconds) or once a leaf is optimal. MCTS's leaves deviate near the root; these deviate
     at every depth, where the greedy decode's mistakes on 32-64 devices are (a ring placed across a slow
     link, the last rings once earlier ones took the good regions)."""
