@@ -4,7 +4,8 @@ For each topology family (2D mesh, 2D torus, random_blk_1, random_blk_2, uniform
 and pipeline shape (S, D/S): cut a zoo model into S stages (PipeDream-style contiguous DP at R = D/S,
 M = min(S, batch/R) micro-batches), build the Parmesan mapping problem (seconds per iteration), and place
 it with every mapper: the exact solver (binary search + DFS, with a time limit), the learned mapper (the
-mapping GNN's greedy decode on tag.search.MappingEnv, then ``--learned-discrepancies`` one-discrepancy
+mapping GNN's greedy decode on tag.search.MappingEnv, its greedy decodes under rising thresholds of the
+stage time (tag.policy.mapping.THRESHOLD_STEPS), then ``--learned-discrepancies`` one-discrepancy
 leaves (default: one per stage replica) and ``--learned-iterations`` MCTS leaves with its priors and greedy
 fill, stopping once a map meets the quick lower bound; the shipped checkpoints/tag-mapper.pt, trained on
 other models and topology seeds), pure MCTS (uniform priors), CS map and p2p map. Gap =
