@@ -45,18 +45,19 @@ from tag.training.mapper import zoo_stage_graph
 
 GRIDS = {8: "2x4", 16: "4x4", 32: "4x8", 64: "8x8", 128: "8x16", 256: "16x16"}
 FAMILIES = {
-    "2d mesh": lambda d: f"mesh2d:{GRIDS[d]}",
-    "2d torus": lambda d: f"torus2d:{GRIDS[d]}",
-    "random_blk_1": lambda d: f"random-blk-1:{d},seed=0",
-    "random_blk_2": lambda d: f"random-blk-2:{d},seed=0",
-    "uniform_dist": lambda d: f"uniform-dist:{d},seed=0",
+    "2d mesh": lambda d, seed: f"mesh2d:{GRIDS[d]}",  # regular: the same for every seed
+    "2d torus": lambda d, seed: f"torus2d:{GRIDS[d]}",
+    "random_blk_1": lambda d, seed: f"random-blk-1:{d},seed={seed}",
+    "random_blk_2": lambda d, seed: f"random-blk-2:{d},seed={seed}",
+    "uniform_dist": lambda d, seed: f"uniform-dist:{d},seed={seed}",
 }
 MAPPERS = ("exact", "learned", "pure MCTS", "CS", "p2p")
 
 
 def run_instance(model: str, family: str, devices: int, stages: int, time_limit: float, iterations: int,
-                 policy: MappingPolicy, learned_iterations: int, learned_discrepancies: int | None) -> dict:
-    cluster = resolve_cluster(FAMILIES[family](devices))
+                 policy: MappingPolicy, learned_iterations: int, learned_discrepancies: int | None,
+                 topology_seed: int = 0) -> dict:
+    cluster = resolve_cluster(FAMILIES[family](devices, topology_seed))
     replicas = devices // stages
     problem = MappingProblem.from_stage_graph(zoo_stage_graph(model, stages, replicas), replicas, cluster)
     mode = choose_instantiation(problem)
@@ -160,6 +161,8 @@ def main() -> None:
     parser.add_argument("--learned-iterations", type=int, default=32,
                         help="most MCTS leaves after the discrepancy pass")
     parser.add_argument("--learned-discrepancies", type=int, help="most one-discrepancy leaves (default: one per slot)")
+    parser.add_argument("--topology-seed", type=int, default=0,
+                        help="seed of the random families' topologies (the mapper trained on seeds >= 1000)")
     parser.add_argument("--policy", type=Path, help="mapping GNN checkpoint (default: checkpoints/tag-mapper.pt)")
     parser.add_argument("--out", type=Path, default=Path("docs/compare_mappers"), help="report path prefix")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
@@ -174,7 +177,8 @@ def main() -> None:
         for family, devices, stages in cells:
             progress.update(task, description=f"{family}, {devices} devices, S={stages}")
             rows.append(run_instance(args.model, family, devices, stages, args.time_limit, args.mcts_iterations,
-                                     policy, args.learned_iterations, args.learned_discrepancies))
+                                     policy, args.learned_iterations, args.learned_discrepancies,
+                                     args.topology_seed))
             progress.advance(task)
     summary = summarise(rows)
     report = markdown(summary, args)
@@ -194,7 +198,7 @@ def main() -> None:
         Console().print(f"wrote {args.out.with_suffix('.md')}, {', '.join(plots)}")
     print(json.dumps({"model": args.model, "time_limit_s": args.time_limit, "mcts_iterations": args.mcts_iterations,
                       "learned_iterations": args.learned_iterations,
-                      "learned_discrepancies": args.learned_discrepancies,
+                      "learned_discrepancies": args.learned_discrepancies, "topology_seed": args.topology_seed,
                       "summary": {str(k): v for k, v in summary.items()}, "instances": rows}))
 
 
