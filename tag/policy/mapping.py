@@ -1019,10 +1019,10 @@ def learned_mapping(problem: MappingProblem, policy: MappingPolicy, *, instantia
     leaves (None: a whole pass, S·(R − 1 + RING_START_WIDTH) leaves at most; :func:`_discrepancy_pass`:
     a runner-up device at one slot of the best map, the rest greedy under the best map's time); then up
     to ``iterations`` leaves of MCTS with the decoder's priors and greedy fill. ``time_limit_s`` caps
-    all three; all stop once a map meets ``lower_bound`` (by default :func:`quick_lower_bound`: the map
-    is then optimal, and the search is skipped when the greedy decode does), and MCTS after ``patience`` leaves in a row that did not
-    improve its best (None: no such stop). The CS map is among the candidates, so the result is never
-    worse than it."""
+    all four steps; each stops once a map meets ``lower_bound`` (by default :func:`quick_lower_bound`:
+    the map is then optimal, and the search is skipped when the greedy decode does), and MCTS after
+    ``patience`` leaves in a row that did not improve its best (None: no such stop). The CS map is among
+    the candidates, so the result is never worse than it."""
     from tag.search import MappingEnv, mcts_search
 
     start = time.perf_counter()
