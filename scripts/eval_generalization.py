@@ -111,7 +111,7 @@ class Runner:
                 # The folder is part of the label (a cache key): hold-out runs all write a policy.pt.
                 self.policies[method] = (loaded.model.eval(), f"{_label_path(path)}@{loaded.step}{mix}")
             elif method != "gnn":
-                raise SystemExit(f"eval_generalization: no policy file at {path} (--holdout {method[8:]}={path})")
+                raise SystemExit(f"eval_generalization: no hold-out policy file at {path}")
         self.pool = SelfPlayPool(args.workers)
         self.quiet = args.json
 

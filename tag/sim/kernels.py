@@ -194,56 +194,13 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
 
 
 @_jit
-def successors_csr(num_tasks, dep_task, dep_on, dep_lag):
-    """(succ_ptr [T+1], succ [E'], succ_lag [E'], indegree [T]) of the dependencies "dep_task[k] waits for
-    dep_on[k] until dep_lag[k] seconds after its start" [E], duplicates merged (the largest lag kept; a
-    counting sort by dep_on). An empty dep_lag (ordinary dependencies) gives an empty succ_lag."""
-    lagged = dep_lag.size > 0
-    first = np.zeros(num_tasks + 1, dtype=np.int64)  # first slot of each task's list; while placing, next one
-    for k in range(dep_on.size):
-        first[dep_on[k] + 1] += 1
-    for t in range(num_tasks):
-        first[t + 1] += first[t]
-    succ = np.empty(dep_on.size, dtype=dep_task.dtype)
-    lag = np.empty(dep_on.size if lagged else 0)
-    for k in range(dep_on.size):
-        slot = first[dep_on[k]]
-        succ[slot] = dep_task[k]
-        if lagged:
-            lag[slot] = dep_lag[k]
-        first[dep_on[k]] = slot + 1  # ends as the first slot of the next task's list
-    # merge duplicates inside each task's list, compacting in place
-    stamp = np.full(num_tasks, -1, dtype=np.int64)
-    where = np.empty(num_tasks if lagged else 0, dtype=np.int64)  # slot kept for each successor (lags only)
-    indegree = np.zeros(num_tasks, dtype=dep_task.dtype)
-    succ_ptr = np.zeros(num_tasks + 1, dtype=np.int64)  # int64: loops bounded by int32 run slower in numba
-    kept = 0
-    begin = 0
-    for t in range(num_tasks):
-        for k in range(begin, first[t]):
-            successor = succ[k]
-            if stamp[successor] != t:
-                stamp[successor] = t
-                if lagged:
-                    where[successor] = kept
-                    lag[kept] = lag[k]
-                succ[kept] = successor
-                kept += 1
-                indegree[successor] += 1
-            elif lagged and lag[k] > lag[where[successor]]:
-                lag[where[successor]] = lag[k]
-        begin = first[t]
-        succ_ptr[t + 1] = kept
-    return succ_ptr, succ[:kept], lag[:kept] if lagged else lag, indegree
-
-
-@_jit
 def successor_lists(num_tasks, dep_task, dep_on, dep_lag):
-    """(succ_ptr [T+1], succ [E], succ_lag [E], indegree [T]): :func:`successors_csr` with duplicates kept,
-    each list in dependency order and the indegree counting each. List scheduling takes the latest release of a
-    task's dependencies however often one is listed, so it can skip the merging pass; the feedback, which
-    counts a dependency once, merges the few it reads (:func:`feedback_sums`). An empty dep_lag gives an empty
-    succ_lag."""
+    """(succ_ptr [T+1], succ [E], succ_lag [E], indegree [T]) of the dependencies "dep_task[k] waits for
+    dep_on[k] until dep_lag[k] seconds after its start" [E]: a counting sort by dep_on, duplicates kept,
+    each list in dependency order and the indegree counting each. List scheduling takes the latest release
+    of a task's dependencies however often one is listed, so the evaluator skips the merge of
+    :func:`successors_csr`; the feedback, which counts a dependency once, merges the few it reads
+    (:func:`feedback_sums`). An empty dep_lag gives an empty succ_lag."""
     lagged = dep_lag.size > 0
     succ_ptr = np.zeros(num_tasks + 1, dtype=np.int64)
     indegree = np.zeros(num_tasks, dtype=dep_task.dtype)
@@ -263,6 +220,37 @@ def successor_lists(num_tasks, dep_task, dep_on, dep_lag):
             lag[s] = dep_lag[k]
         slot[on] = s + 1
     return succ_ptr, succ, lag, indegree
+
+
+@_jit
+def successors_csr(num_tasks, dep_task, dep_on, dep_lag):
+    """(succ_ptr [T+1], succ [E'], succ_lag [E'], indegree [T]) of the dependencies "dep_task[k] waits for
+    dep_on[k] until dep_lag[k] seconds after its start" [E], duplicates merged (each at its first place in
+    its list, the largest lag kept): :func:`successor_lists`, then one merging pass. An empty dep_lag
+    (ordinary dependencies) gives an empty succ_lag."""
+    lagged = dep_lag.size > 0
+    listed_ptr, succ, lag, _ = successor_lists(num_tasks, dep_task, dep_on, dep_lag)
+    # merge duplicates inside each task's list, compacting in place (kept never passes k)
+    stamp = np.full(num_tasks, -1, dtype=np.int64)
+    where = np.empty(num_tasks if lagged else 0, dtype=np.int64)  # slot kept for each successor (lags only)
+    indegree = np.zeros(num_tasks, dtype=dep_task.dtype)
+    succ_ptr = np.zeros(num_tasks + 1, dtype=np.int64)  # int64: loops bounded by int32 run slower in numba
+    kept = 0
+    for t in range(num_tasks):
+        for k in range(listed_ptr[t], listed_ptr[t + 1]):
+            successor = succ[k]
+            if stamp[successor] != t:
+                stamp[successor] = t
+                if lagged:
+                    where[successor] = kept
+                    lag[kept] = lag[k]
+                succ[kept] = successor
+                kept += 1
+                indegree[successor] += 1
+            elif lagged and lag[k] > lag[where[successor]]:
+                lag[where[successor]] = lag[k]
+        succ_ptr[t + 1] = kept
+    return succ_ptr, succ[:kept], lag[:kept] if lagged else lag, indegree
 
 
 # ------------------------------------------------------------------------------------------- memory
