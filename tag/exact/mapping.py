@@ -446,10 +446,9 @@ def _check_mapping(problem: MappingProblem, mapping: Any) -> np.ndarray:
     if len(bad):
         s, r = bad[0]
         raise MappingError(f"mapping[{s}, {r}] = {array[s, r]}: no such device (0..{problem.num_devices - 1})")
-    flat = array.reshape(-1)
-    if len(np.unique(flat)) != len(flat):
-        values, counts = np.unique(flat, return_counts=True)
-        raise MappingError(f"mapping uses device {values[counts > 1][0]} more than once")
+    counts = np.bincount(array.reshape(-1), minlength=problem.num_devices)  # cheaper than np.unique: searches
+    if counts.max(initial=0) > 1:  # score thousands of mappings
+        raise MappingError(f"mapping uses device {int(np.argmax(counts > 1))} more than once")
     return array
 
 

@@ -52,6 +52,7 @@ import functools
 import math
 import os
 import time
+import weakref
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple, Sequence
@@ -176,24 +177,20 @@ class MappingInstance:
         slot_of[slot_stage, slot_replica] = np.arange(len(slot_stage))
         compute = problem.compute_time()[slot_stage] / scale  # [K, D]
 
-        ends, kinds, coefs, mults = [], [], [], []
+        # edges: per stage pair, one p2p edge per replica; then per stage with parameters its ring's hops
         pairs, pair_bytes = problem.stage_pairs()
-        for (s, t), nbytes in zip(pairs.tolist(), pair_bytes.tolist()):
-            for r in range(replicas):
-                ends.append((slot_of[s, r], slot_of[t, r]))
-                kinds.append(P2P_EDGE), coefs.append(nbytes), mults.append(1.0)
-        if replicas >= 2:
-            hops = {(r, (r + 1) % replicas) for r in range(replicas)}
-            hops = {(min(a, b), max(a, b)) for a, b in hops}  # R = 2: one hop, not two
-            for s in range(stages):
-                if problem.param_bytes[s] > 0:
-                    for r, q in sorted(hops):
-                        ends.append((slot_of[s, r], slot_of[s, q]))
-                        kinds.append(RING_EDGE)
-                        coefs.append(2.0 * (replicas - 1) / replicas * float(problem.param_bytes[s]))
-                        mults.append(2.0 * (replicas - 1))
-        ends_arr = np.sort(np.asarray(ends, dtype=np.int64).reshape(-1, 2), axis=1)
-        edge_kind = np.asarray(kinds, dtype=np.int64)
+        pairs = pairs.reshape(-1, 2)
+        p2p_ends = np.stack([slot_of[pairs[:, 0]], slot_of[pairs[:, 1]]], axis=-1).reshape(-1, 2)  # [P·R, 2]
+        hops = np.sort(np.stack([np.arange(replicas), (np.arange(replicas) + 1) % replicas], axis=1), axis=1)
+        hops = np.unique(hops, axis=0) if replicas >= 2 else np.zeros((0, 2), dtype=np.int64)  # R = 2: one hop
+        rings = np.flatnonzero(problem.param_bytes > 0) if replicas >= 2 else np.zeros(0, dtype=np.int64)
+        ring_ends = slot_of[rings][:, hops].reshape(-1, 2)  # [S'·H, 2]
+        ends_arr = np.sort(np.concatenate([p2p_ends, ring_ends]), axis=1)
+        edge_kind = np.repeat(np.asarray([P2P_EDGE, RING_EDGE], dtype=np.int64), [len(p2p_ends), len(ring_ends)])
+        coefs = np.concatenate([np.repeat(np.asarray(pair_bytes, dtype=np.float64), replicas),
+                                np.repeat(2.0 * (replicas - 1) / replicas
+                                          * problem.param_bytes[rings].astype(np.float64), len(hops))])
+        mults = np.where(edge_kind == RING_EDGE, 2.0 * (replicas - 1), 1.0)
         counted = edge_kind == (P2P_EDGE if instantiation == P2P else RING_EDGE)
         ring_coef = 2.0 * (replicas - 1) / replicas * problem.param_bytes[slot_stage].astype(np.float64)  # [K]
         looks_ahead = (instantiation == ALLREDUCE) & (ring_coef > 0) & (slot_replica <= replicas - 2)
@@ -445,7 +442,7 @@ def numpy_tables(policy: MappingPolicy, instance: MappingInstance) -> DecoderTab
     """:meth:`MappingPolicy.forward` in numpy (float32), for inference: the same tables as numpy arrays
     without torch's and PyG's per-call overhead, which dominates at the sizes a mapper sees (a test holds
     the two equal)."""
-    weights = {name: value.detach().numpy() for name, value in policy.state_dict().items()}
+    weights = _numpy_weights(policy)
 
     def linear(name: str, x: np.ndarray) -> np.ndarray:
         out = x @ weights[f"{name}.weight"].T
@@ -488,6 +485,23 @@ def _elu(x: np.ndarray) -> np.ndarray:
     return np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
 
 
+_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # policy -> (its parameters, numpy views)
+
+
+def _numpy_weights(policy: MappingPolicy) -> dict[str, np.ndarray]:
+    """The policy's parameters by name as numpy arrays, memoised per policy: a mapper maps many problems
+    with one policy, and building them from ``state_dict`` each time cost a fifth of the forward pass at
+    64 devices. The arrays share the parameters' memory, so in-place updates (an optimizer step,
+    ``load_state_dict``) show through; a parameter replaced by another object rebuilds them."""
+    parameters = tuple(policy.parameters())
+    cached = _WEIGHTS.get(policy)
+    if cached is None or len(cached[0]) != len(parameters) or any(
+            a is not b for a, b in zip(cached[0], parameters)):
+        cached = _WEIGHTS[policy] = (parameters, {name: value.detach().numpy()
+                                                  for name, value in policy.named_parameters()})
+    return cached[1]
+
+
 def _gatv2(weights: dict[str, np.ndarray], name: str, heads: int, x: np.ndarray, index: np.ndarray,
            attr: np.ndarray) -> np.ndarray:
     """PyG's GATv2Conv (no self-loops, heads concatenated) on ``x`` [N, f] over ``index`` [2, E] (source,
@@ -499,13 +513,7 @@ def _gatv2(weights: dict[str, np.ndarray], name: str, heads: int, x: np.ndarray,
     message = x_l[source]  # [E, H, C]
     e = message + x_r[target] + (attr @ weights[f"{name}.lin_edge.weight"].T).reshape(len(source), heads, -1)
     score = (np.where(e > 0, e, 0.2 * e) * weights[f"{name}.att"]).sum(axis=-1)  # [E, H]
-    top = np.full((num_nodes, heads), -np.inf, dtype=score.dtype)
-    np.maximum.at(top, target, score)
-    alpha = np.exp(score - top[target])
-    total = np.zeros((num_nodes, heads), dtype=score.dtype)
-    np.add.at(total, target, alpha)
-    out = np.zeros_like(x_l)
-    np.add.at(out, target, message * (alpha / total[target])[..., None])
+    out = _attend(message, score, np.ascontiguousarray(target), num_nodes)
     return out.reshape(num_nodes, -1) + weights[f"{name}.bias"]
 
 
@@ -560,9 +568,10 @@ class MappingDecoder:
     running time T is memoised per prefix; a greedy completion under its start, and under each state
     whose parent's completion passes through it (the greedy decode is Markov: the completion of
     ``out[:j]`` is ``out``, which MCTS asks for whenever it takes the greedy child); and, for the
-    priors, a ring's closing table under its replica 0's device and the *set* of devices used before it
-    (prefixes that differ only in order share it). A completion runs in :func:`_greedy_kernel`, which
-    computes the return costs of the rings it places itself (compiled, faster than looking them up)."""
+    priors, a look-ahead slot's return cost under its replica 0's device and the *set* of devices used
+    before it (prefixes that differ only in order share it). The priors and :func:`_greedy_kernel`, which
+    computes the return costs of the rings it places itself, run the same compiled kernels for them
+    (:func:`_opening_row`, :func:`_return_row`; MappingInstance's numpy versions are the reference)."""
 
     def __init__(self, policy: MappingPolicy, instance: MappingInstance) -> None:
         tables = numpy_tables(policy, instance)
@@ -590,7 +599,8 @@ class MappingDecoder:
         self._near_total = np.maximum(near.sum(axis=1), 1).astype(np.float64)  # [D] n_d
         self._before: dict[tuple[int, ...], float] = {(): 0.0}  # decided prefix -> T after it
         self._completions: dict[tuple[int, ...], tuple[int, ...]] = {}  # prefix -> its greedy completion
-        self._closing: dict[tuple[int, int, frozenset[int]], np.ndarray] = {}  # (ring start, its device, used set)
+        self._closing: dict[tuple[int, int, int, frozenset[int]], np.ndarray] = {}  # (ring start, its device,
+        #     hops back, used set) -> return cost [D]
         self._flat: tuple[np.ndarray, ...] | None = None  # _greedy_kernel's tables, built at the first completion
 
     def _step(self, k: int, devices: Sequence[int], before: float) -> tuple[np.ndarray, np.ndarray]:
@@ -626,15 +636,24 @@ class MappingDecoder:
         return logits, partial
 
     def _return_cost(self, k: int, devices: Sequence[int]) -> np.ndarray:
-        """[D] look-ahead slot k's return cost, from its ring's closing table (memoised, class docstring)."""
-        first = int(self.instance.ring_start[k])
-        if first == k:  # replica 0
-            return self.instance.opening_cost(k, devices)
-        key = (first, int(devices[first]), frozenset(devices[:k]))
-        table = self._closing.get(key)
-        if table is None:
-            table = self._closing[key] = self.instance.closing_table(k, devices)
-        return table[self.instance.hops_left[k] - 1]
+        """[D] look-ahead slot k's return cost: :meth:`MappingInstance.opening_cost` at a ring's replica 0,
+        else row R − r − 1 of :meth:`MappingInstance.closing_table` (memoised, class docstring), by the
+        compiled kernels the greedy decode uses (the same rows bit for bit, a tenth of the time)."""
+        inst = self.instance
+        first, hops = int(inst.ring_start[k]), int(inst.hops_left[k])
+        key = (first, int(devices[first]) if first < k else -1, hops, frozenset(devices[:k]))
+        row = self._closing.get(key)
+        if row is None:
+            *_, slot_hop, hops_table = self._flat_tables()
+            hop = hops_table[slot_hop[k]]  # [D, D] the ring's hop costs
+            prefix = np.asarray(devices[:k], dtype=np.int64)
+            row = np.empty(inst.num_devices)
+            if first == k:  # replica 0
+                _opening_row(hop, prefix, k, min(2, hops - 1), row)
+            else:
+                _return_row(hop, prefix, first, k, hops, np.empty((max(hops - 1, 1), inst.num_devices)), row)
+            self._closing[key] = row
+        return row
 
     def _running_time(self, devices: Sequence[int]) -> float:
         """T after the decided slots: the largest time at placement among them. Memoised per prefix: a
@@ -772,6 +791,33 @@ except ImportError:  # pragma: no cover - exercised only without numba
 
     def _jit(function: Any) -> Any:
         return function
+
+
+@_jit
+def _attend(message, score, target, num_nodes):  # pragma: no cover - compiled
+    """[N, H, C] GATv2's aggregation: per target node and head, the softmax of ``score`` [E, H] over its
+    incoming edges weighting their ``message`` [E, H, C] (``target`` [E]); 0 for a node with none. The
+    same float32 operations in edge order as ``np.maximum.at`` and ``np.add.at`` (numpy's scatter calls
+    were a third of the forward pass at 64 devices)."""
+    num_edges, heads, width = message.shape
+    top = np.full((num_nodes, heads), -np.inf, dtype=score.dtype)
+    for e in range(num_edges):
+        for h in range(heads):
+            top[target[e], h] = max(top[target[e], h], score[e, h])
+    alpha = np.empty_like(score)
+    total = np.zeros((num_nodes, heads), dtype=score.dtype)
+    for e in range(num_edges):
+        for h in range(heads):
+            alpha[e, h] = np.exp(score[e, h] - top[target[e], h])
+            total[target[e], h] += alpha[e, h]
+    out = np.zeros((num_nodes, heads, width), dtype=message.dtype)
+    for e in range(num_edges):
+        t = target[e]
+        for h in range(heads):
+            weight = alpha[e, h] / total[t, h]
+            for c in range(width):
+                out[t, h, c] += message[e, h, c] * weight
+    return out
 
 
 @_jit

@@ -106,7 +106,8 @@ class MappingEnv:
         if self.fill is not None:
             devices = np.asarray(self.fill(state), dtype=np.int64)  # [K]
             if (devices.shape != (self.num_slots,) or tuple(devices[:len(state)].tolist()) != state
-                    or len(np.unique(devices)) != self.num_slots):
+                    or devices.min(initial=0) < 0 or devices.max(initial=0) >= self.num_devices
+                    or np.bincount(devices, minlength=self.num_devices).max(initial=0) > 1):
                 raise SearchError(f"the fill gave {devices.tolist()} for state {list(state)}: it must extend "
                                   f"the state to {self.num_slots} distinct devices")
         else:
