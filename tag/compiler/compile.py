@@ -426,8 +426,9 @@ class _Compiler:
             if layout.model_parallel:
                 if op_unit is self.tables.op_unit:
                     op_unit = op_unit.copy()
+                first = self.tables.piece_unit(g, 0)  # pieces are numbered consecutively
                 for k, piece in enumerate(layout.pieces):
-                    op_unit[piece.ops] = self.tables.piece_unit(g, k)
+                    op_unit[piece.ops] = first + k
         return op_unit
 
     def _compute_tasks(self, g: int) -> None:
@@ -452,13 +453,16 @@ class _Compiler:
                 plan = plans[key] = self._plan_bundle(bundle, layout_p, layout_c)
             self._instantiate(bundle, plan)
 
-    def _dynamic_bundles(self, pair: tuple[int, int], op_unit: np.ndarray, mp: list[bool]) -> list[Bundle]:
-        """Bundles of a pair of groups one of which is model-parallel (by its pieces), cached per layouts."""
+    def _dynamic_bundles(self, pair: tuple[int, int], op_unit: np.ndarray | None, mp: list[bool]) -> list[Bundle]:
+        """Bundles of a pair of groups one of which is model-parallel (by its pieces), cached per layouts;
+        ``op_unit`` None: made from the pair's layouts on a miss (the evaluator, one pair at a time)."""
         group_p, group_c = pair
         key = ("bundles", pair, self.layouts[group_p].key if mp[group_p] else None,
                self.layouts[group_c].key if mp[group_c] else None)
         bundles = self.context.plans.get(key)
         if bundles is None:
+            if op_unit is None:
+                op_unit = self._op_unit(pair)
             op_device = dict(self.layouts[group_p].op_device) if mp[group_p] else {}
             bundles = make_bundles(self.tables, self.tables.pair_uses[pair], op_unit, skip_local=not mp[group_p],
                                    op_device=op_device).get(pair, [])

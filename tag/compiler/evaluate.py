@@ -595,7 +595,7 @@ class StrategyEvaluator:
         compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
         if layout_p.model_parallel or layout_c.model_parallel:
             mp = {g: layout.model_parallel for g, layout in compiler.layouts.items()}
-            bundles = compiler._dynamic_bundles(pair, compiler._op_unit(compiler.layouts), mp)
+            bundles = compiler._dynamic_bundles(pair, None, mp)
             static = self._bundle_arrays(bundles, layout_p, layout_c)
         else:
             static = self._pair_static.get(pair)

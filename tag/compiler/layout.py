@@ -84,6 +84,8 @@ class ClusterContext:
     servers: dict = field(default_factory=dict)
     hops: dict = field(default_factory=dict)  # (src, dst) -> bandwidth of that one hop alone (hop_bandwidths)
     mp_splits: dict = field(default_factory=dict)
+    mp_cuts: dict = field(default_factory=dict)  # (group, device types) -> its model-parallel cut (_cut_group)
+    mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them
     plans: dict = field(default_factory=dict)  # the compiler's per-bundle plans, keyed by bundle and layouts
     skeletons: dict = field(default_factory=dict)  # bundle plans without bytes, keyed by bundle kind and layouts
     compute_resources: list = field(default_factory=list)  # [D] (device,): a compute task's resources
@@ -226,46 +228,98 @@ def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, grou
     cached = context.mp_splits.get(key)
     if cached is not None:
         return cached
+    # split_group sees the devices only through their types (speeds, the first one's GPU), and the cut into
+    # pieces only through their order and types: device sets of one type sequence share the cut
+    types = tuple(context.type_index[d] for d in devices)
+    cut = context.mp_cuts.get((group, types))
+    if cut is None:
+        cut = context.mp_cuts[(group, types)] = _cut_group(tables, context, group, devices)
+    where, slots, pieces, op_piece = cut
+    ops = tables.group_graph.group_members(group)
+    op_device = dict(zip(ops.tolist(), np.asarray(devices)[where].tolist()))
+    result = (tuple(piece._replace(device=devices[slot]) for piece, slot in zip(pieces, slots)), op_device, op_piece)
+    context.mp_splits[key] = result
+    return result
+
+
+def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]):
+    """(split_group's device index of each op [ops], device index of each piece, pieces, op → piece) of a
+    model-parallel group on ``devices``."""
     gg = tables.group_graph
     graph = gg.op_graph
     ops = gg.group_members(group)
     speeds = context.speed[list(devices)]
     gpu = context.cluster.gpu(devices[0])
     where = split_group(graph, ops, speeds, cost=gg.cost, gpu=gpu)  # [len(ops)] index into devices
-    op_device = dict(zip(ops.tolist(), np.asarray(devices)[where].tolist()))
     pieces: list[Piece] = []
+    slots: list[int] = []
     op_piece: dict[int, int] = {}
-    kept_rows, kept_fixed = tables.op_out_rows, tables.op_out_fixed
+    for unit in _group_unit_ops(tables, context, group):
+        slot_of = where[unit.position]  # [n] index into devices of each op of the unit
+        first = int(slot_of[0])
+        if (slot_of == first).all():  # the whole unit on one device (most units): one piece, sums cached
+            t = context.type_index[devices[first]]
+            found = unit.whole.get(t)
+            if found is None:
+                found = unit.whole[t] = _piece_sums(tables, context, unit.ops, devices[first])
+            op_piece.update(dict.fromkeys(unit.ops_list, len(pieces)))
+            pieces.append(Piece(unit.unit, devices[first], unit.ops, *found))
+            slots.append(first)
+            continue
+        if quotient_is_dag(unit.local_src, unit.local_dst, slot_of):
+            groups = [unit.ops[slot_of == k] for k in np.unique(slot_of).tolist()]  # ascending, as ``devices`` is
+        else:  # the device pieces depend on each other in a cycle: one piece per op
+            groups = [unit.ops[k:k + 1] for k in range(unit.ops.size)]
+        for piece_ops in groups:
+            slot = int(where[np.searchsorted(ops, piece_ops[0])])
+            op_piece.update(dict.fromkeys(piece_ops.tolist(), len(pieces)))
+            pieces.append(Piece(unit.unit, devices[slot], piece_ops,
+                                *_piece_sums(tables, context, piece_ops, devices[slot])))
+            slots.append(slot)
+    return where, slots, pieces, op_piece
+
+
+class _UnitOps(NamedTuple):
+    """One unit of a group, as :func:`_model_parallel_pieces` cuts it into pieces."""
+
+    unit: int
+    ops: np.ndarray  # [n] op ids, topological (tables.unit_ops)
+    ops_list: list[int]  # the same, as Python ints
+    position: np.ndarray  # [n] index of each op among the group's ops (ascending op ids)
+    local_src: np.ndarray  # [e] indices into ``ops`` of the ends of the op graph's edges inside the unit
+    local_dst: np.ndarray  # [e]
+    whole: dict  # device type -> (duration, out_rows, out_fixed) of the whole unit as one piece on it
+
+
+def _group_unit_ops(tables: CompilerTables, context: ClusterContext, group: int) -> list[_UnitOps]:
+    """The units of ``group`` with what cutting them needs and does not depend on the devices (cached per
+    group: every model-parallel layout of the group cuts the same units)."""
+    found = context.mp_units.get(group)
+    if found is not None:
+        return found
+    graph = tables.group_graph.op_graph
+    ops = tables.group_graph.group_members(group)
+    found = []
     for unit in tables.group_units[group].tolist():
         unit_ops = tables.unit_ops[unit]
         ops_list = unit_ops.tolist()
-        device_of = np.array([op_device[op] for op in ops_list])
-        present = sorted(set(device_of.tolist()))  # ascending, as ``devices`` is
-        if len(present) > 1 and not _pieces_acyclic(graph, ops_list, device_of):
-            groups = [np.array([op]) for op in ops_list]
-        else:
-            groups = [unit_ops[device_of == d] for d in present]
-        for piece_ops in groups:
-            device = op_device[int(piece_ops[0])]
-            t = context.type_index[device]
-            duration = float(tables.op_time_fixed[piece_ops, t].sum() + tables.op_time_scaled[piece_ops, t].sum())
-            op_piece.update(dict.fromkeys(piece_ops.tolist(), len(pieces)))
-            pieces.append(Piece(unit, device, piece_ops, duration, float(kept_rows[piece_ops].sum()),
-                                float(kept_fixed[piece_ops].sum())))
-    result = (tuple(pieces), op_device, op_piece)
-    context.mp_splits[key] = result
-    return result
+        local = {op: k for k, op in enumerate(ops_list)}
+        src, dst = [], []
+        for k, op in enumerate(ops_list):
+            for succ in graph.successors(op).tolist():
+                j = local.get(succ)
+                if j is not None:
+                    src.append(k)
+                    dst.append(j)
+        found.append(_UnitOps(unit, unit_ops, ops_list, np.searchsorted(ops, unit_ops),
+                              np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), {}))
+    context.mp_units[group] = found
+    return found
 
 
-def _pieces_acyclic(graph, unit_ops: list[int], device_of: np.ndarray) -> bool:
-    """Whether the device pieces of a unit (ops ``unit_ops``, on ``device_of``, two devices or more) depend on
-    each other without a cycle."""
-    local = {op: k for k, op in enumerate(unit_ops)}
-    src, dst = [], []
-    for k, op in enumerate(unit_ops):
-        for succ in graph.successors(op).tolist():
-            j = local.get(succ)
-            if j is not None:
-                src.append(k)
-                dst.append(j)
-    return quotient_is_dag(np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), device_of)
+def _piece_sums(tables: CompilerTables, context: ClusterContext, piece_ops: np.ndarray,
+                device: int) -> tuple[float, float, float]:
+    """(duration on ``device``, out_rows, out_fixed) of a piece (see :class:`Piece`)."""
+    t = context.type_index[device]
+    duration = float(tables.op_time_fixed[piece_ops, t].sum() + tables.op_time_scaled[piece_ops, t].sum())
+    return duration, float(tables.op_out_rows[piece_ops].sum()), float(tables.op_out_fixed[piece_ops].sum())
