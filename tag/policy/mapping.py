@@ -513,8 +513,9 @@ def _gatv2(weights: dict[str, np.ndarray], name: str, heads: int, x: np.ndarray,
     message = x_l[source]  # [E, H, C]
     e = message + x_r[target] + (attr @ weights[f"{name}.lin_edge.weight"].T).reshape(len(source), heads, -1)
     score = (np.where(e > 0, e, 0.2 * e) * weights[f"{name}.att"]).sum(axis=-1)  # [E, H]
-    out = _attend(message, score, np.ascontiguousarray(target), num_nodes)
-    return out.reshape(num_nodes, -1) + weights[f"{name}.bias"]
+    target = np.ascontiguousarray(target)
+    alpha = np.exp(score - _segment_max(score, target, num_nodes)[target])  # numpy's exp: as before, bit for bit
+    return _attend(message, alpha, target, num_nodes).reshape(num_nodes, -1) + weights[f"{name}.bias"]
 
 
 def teacher_forced_logits(tables: DecoderTables, instance: MappingInstance, devices: Sequence[int]) -> Tensor:
@@ -599,6 +600,8 @@ class MappingDecoder:
         self._near_total = np.maximum(near.sum(axis=1), 1).astype(np.float64)  # [D] n_d
         self._before: dict[tuple[int, ...], float] = {(): 0.0}  # decided prefix -> T after it
         self._completions: dict[tuple[int, ...], tuple[int, ...]] = {}  # prefix -> its greedy completion
+        self._reaches: dict[tuple[int, ...], tuple[int, np.ndarray]] = {}  # greedy completion -> (k0, [K] reach
+        #     of each slot's device, set from slot k0 on)
         self._closing: dict[tuple[int, int, int, frozenset[int]], np.ndarray] = {}  # (ring start, its device,
         #     hops back, used set) -> return cost [D]
         self._flat: tuple[np.ndarray, ...] | None = None  # _greedy_kernel's tables, built at the first completion
@@ -712,21 +715,32 @@ class MappingDecoder:
         closing path through free devices can cost), so a device past the bound cannot give a faster
         map: the bound prunes where the plain greedy decode would give up, and the completion goes on
         along the decoder's next choice (a greedy decode under a threshold, as the exact mapper's
-        Algorithm 1 runs its search under one). Without it the decode is the plain greedy one."""
+        Algorithm 1 runs its search under one). Without it the decode is the plain greedy one.
+
+        A bounded decode takes the greedy decode's device wherever that one's reach is within the bound
+        (the best device overall is the best within the bound), so it starts from the memoised greedy
+        completion's longest prefix that stays within it (the threshold pass's decodes, bit for bit)."""
         start = tuple(devices)
         limit = math.inf if bound is None else bound / self.instance.scale * (1.0 + _BOUND_RTOL)
         if start and self._running_time(start) > limit:
             return None
         if len(start) == self.instance.num_slots:
             return list(start)
-        known = self._known_completion(start) if bound is None else None
+        known = self._known_completion(start)
         if known is not None:
-            return list(known)
+            if bound is None:
+                return list(known)
+            valid_from, reaches = self._reaches.get(known, (math.inf, None))
+            if valid_from <= len(start):
+                over = np.flatnonzero(reaches[len(start):] > limit)
+                if not len(over):
+                    return list(known)
+                start = known[:len(start) + int(over[0])]
         free = np.ones(self.instance.num_devices, dtype=np.int64)
         free[list(start)] = 0
         ptr, src, edges, cost, ring, costs, slot_hop, hops = self._flat_tables()
         inst = self.instance
-        out, stopped = _greedy_kernel(
+        out, stopped, reaches = _greedy_kernel(
             np.asarray(start, dtype=np.int64), self._running_time(start), limit, self.static, self.affinity,
             inst.compute, ptr, src, self.edge_weight[edges], cost, ring, costs, inst.ring_start, inst.hops_left,
             slot_hop, hops, self.beta, self.crowding, self._near_columns, self._near_total, self._near @ free,
@@ -736,6 +750,8 @@ class MappingDecoder:
         full = tuple(out.tolist())
         if bound is None:  # a bounded completion is not the greedy decode the memo holds
             self._completions[start] = full
+            if self._reaches.get(full, (math.inf,))[0] > len(start):  # reach of slot k: a function of full[:k]
+                self._reaches[full] = (len(start), reaches)
         return list(full)
 
     def _flat_tables(self) -> tuple[np.ndarray, ...]:
@@ -794,21 +810,26 @@ except ImportError:  # pragma: no cover - exercised only without numba
 
 
 @_jit
-def _attend(message, score, target, num_nodes):  # pragma: no cover - compiled
-    """[N, H, C] GATv2's aggregation: per target node and head, the softmax of ``score`` [E, H] over its
-    incoming edges weighting their ``message`` [E, H, C] (``target`` [E]); 0 for a node with none. The
-    same float32 operations in edge order as ``np.maximum.at`` and ``np.add.at`` (numpy's scatter calls
-    were a third of the forward pass at 64 devices)."""
-    num_edges, heads, width = message.shape
-    top = np.full((num_nodes, heads), -np.inf, dtype=score.dtype)
-    for e in range(num_edges):
-        for h in range(heads):
+def _segment_max(score, target, num_nodes):  # pragma: no cover - compiled
+    """[N, H] the largest ``score`` [E, H] over each node's incoming edges (``target`` [E]), −∞ for none:
+    ``np.maximum.at`` without its per-element dispatch."""
+    top = np.full((num_nodes, score.shape[1]), -np.inf, dtype=score.dtype)
+    for e in range(score.shape[0]):
+        for h in range(score.shape[1]):
             top[target[e], h] = max(top[target[e], h], score[e, h])
-    alpha = np.empty_like(score)
-    total = np.zeros((num_nodes, heads), dtype=score.dtype)
+    return top
+
+
+@_jit
+def _attend(message, alpha, target, num_nodes):  # pragma: no cover - compiled
+    """[N, H, C] GATv2's aggregation: per target node and head, the ``message`` [E, H, C] of its incoming
+    edges (``target`` [E]) weighted by ``alpha`` [E, H] over their sum (the softmax); 0 for a node with
+    none. The same float32 operations in edge order as the ``np.add.at`` calls it replaces, which were a
+    third of the forward pass at 64 devices."""
+    num_edges, heads, width = message.shape
+    total = np.zeros((num_nodes, heads), dtype=alpha.dtype)
     for e in range(num_edges):
         for h in range(heads):
-            alpha[e, h] = np.exp(score[e, h] - top[target[e], h])
             total[target[e], h] += alpha[e, h]
     out = np.zeros((num_nodes, heads, width), dtype=message.dtype)
     for e in range(num_edges):
@@ -829,8 +850,9 @@ def _greedy_kernel(prefix, before, limit, static, affinity, compute, edge_ptr, e
     place): the float operations of :meth:`MappingDecoder._step` and its crowding and rounding, in the
     same order, so the decode agrees bit for bit with the logits the search's priors come from. Slot k
     takes the best free device whose reach (time at placement, or its ring's look-ahead max(P, ret) + c)
-    is at most ``limit`` (MappingDecoder.complete). Returns (devices [K], -1), or (devices, k) when no
-    free device keeps slot k within ``limit``.
+    is at most ``limit`` (MappingDecoder.complete). Returns (devices [K], -1, reaches [K]), or (devices, k,
+    reaches) when no free device keeps slot k within ``limit``; ``reaches[k]`` is the reach of the device
+    slot k took (entries before the prefix's end and from a stop on are not set).
 
     ``edge_ptr`` [K + 1] CSR over each slot's earlier edges: ``edge_src`` (earlier slot), ``edge_weight``,
     ``edge_cost`` (index into ``costs`` [C, D, D], -1 when not counted), ``edge_ring``; ``slot_hop`` [K]
@@ -838,6 +860,7 @@ def _greedy_kernel(prefix, before, limit, static, affinity, compute, edge_ptr, e
     num_slots, num_devices = static.shape
     out = np.empty(num_slots, dtype=np.int64)
     out[:len(prefix)] = prefix
+    reaches = np.empty(num_slots)
     table = np.empty((max(int(hops_left.max()) - 1, 1), num_devices))  # [R − 1, D] _return_row's scratch
     ret_row = np.empty(num_devices)  # [D] a look-ahead slot's return cost
     logits = np.empty(num_devices)
@@ -895,13 +918,14 @@ def _greedy_kernel(prefix, before, limit, static, affinity, compute, edge_ptr, e
             if choice < 0 or score > top:
                 choice, top = d, score
         if choice < 0:
-            return out, k
+            return out, k, reaches
         out[k] = choice
+        reaches[k] = reach[choice]
         taken[choice] = -np.inf
         for d in range(num_devices):
             free_near[d] -= near_columns[choice, d]
         before = max(before, partial[choice])
-    return out, -1
+    return out, -1, reaches
 
 
 @_jit
