@@ -129,6 +129,28 @@ def test_numpy_tables_equal_the_torch_forward(cluster, mode):
         np.testing.assert_allclose(b, a.detach().numpy(), rtol=1e-4, atol=1e-5, err_msg=name)
 
 
+@pytest.mark.parametrize("cluster,stages,replicas", [("mesh2d:4x4", 4, 4), ("uniform-dist:16,seed=1", 2, 8)])
+def test_bounded_decodes_from_the_greedy_prefix_equal_decodes_from_scratch(cluster, stages, replicas):
+    """A bounded decode starts where the memoised greedy decode first leaves the bound; a decoder with no
+    memo decodes from the first slot: the same map (or None) under every bound."""
+    torch.manual_seed(0)
+    problem = _problem(4, stages, replicas, cluster, latency=True)
+    env, instance = _instance(problem, ALLREDUCE)
+    policy = MappingPolicy(SMALL)
+    memo = MappingDecoder(policy, instance)
+    greedy = memo.complete([])
+    env.fill = None
+    top, low = env.evaluate(tuple(greedy)).time, instance.scale  # the scale is the quick lower bound
+    results = []
+    for i in range(12):
+        bound = low * (top / low) ** (i / 11)
+        fresh = MappingDecoder(policy, instance).complete([], bound=bound)
+        assert memo.complete([], bound=bound) == fresh, i
+        results.append(fresh)
+    assert results[-1] == greedy and results[0] is None  # the greedy decode's own time passes; the bound fails
+    assert any(r is not None and r != greedy for r in results)  # and some bound leaves the greedy decode
+
+
 def test_numpy_tables_follow_the_policy_s_weights_after_updates():
     """The numpy weights are memoised per policy, yet an in-place update (an optimizer step, a loaded state)
     and a replaced parameter both show in the next tables."""
