@@ -2,6 +2,7 @@
 
     python scripts/bench_sim.py                      # BERT-Large, 60 groups, tag-testbed, 200 strategies
     python scripts/bench_sim.py --strategies 50 --profile
+    python scripts/bench_sim.py --granularity group --workload mcts   # what a real MCTS search evaluates
 
 It measures :class:`tag.compiler.StrategyEvaluator` (what search calls, through
 :func:`tag.compiler.evaluate_strategy`), and for comparison the plain path it reproduces bit for bit,
@@ -10,12 +11,20 @@ It measures :class:`tag.compiler.StrategyEvaluator` (what search calls, through
 - ``search``: a walk that re-decides one group at a time from data parallelism (an MCTS path deepening);
 - ``uniform``: every group on one random candidate layout (MCTS's first sweep over the root's children,
   where the default fill changes every group at once);
-- ``random``: independent random strategies (each group on its own random set of device groups).
+- ``random``: independent random strategies (each group on its own random set of device groups);
+- ``mcts``: the strategies a real search simulates, in its order, recorded by running it once before the
+  timing: ``tag plan``'s MCTS (:func:`tag.planner.plan_training`'s settings, its first default fill, where
+  every new first action re-lays out all groups) with the shipped GNN policy's priors (``--mcts-priors
+  uniform``: pure MCTS), seed ``--mcts-seed``, until ``--mcts-simulations`` distinct strategies are
+  simulated (default 300; ``tag plan``'s default budget gives that fill 300 iterations, some of which revisit
+  a strategy already simulated). The search runs once, before the timing, on its own Cluster object; it takes
+  about as long as a cold pass at group granularity.
 
 Per workload: ``evals_per_s`` (and ``evals_per_cpu_s``, per second of the process's CPU time, steadier on a
 shared machine) with a fresh evaluator (every new (group, layout) and (pair, layouts)
 fragment is compiled on its first use, as in a search), ``warm_evals_per_s`` on a second pass (every
-fragment cached: the cost of the kernels alone), both with feedback (``--no-feedback`` to skip it). The
+fragment cached: the cost of the kernels alone), both with feedback (``--no-feedback`` to skip it);
+``new_group_fragments`` and ``new_pair_fragments``, the fragments the first pass compiled per evaluation. The
 compile path runs on a fresh Cluster object, its caches cold.
 The evaluations run with the cyclic garbage collector's view of the setup frozen, as in a search
 (:func:`tag.search.frozen_gc`; ``--no-gc-freeze`` to leave it on every object).
@@ -38,7 +47,8 @@ from tag.cluster import resolve_cluster
 from tag.compiler import StrategyEvaluator, compile_strategy, random_strategy
 from tag.graph.resolve import resolve_model
 from tag.grouping import group_ops
-from tag.search import frozen_gc
+from tag.planner import PlanConfig, load_priors
+from tag.search import PlacementEnv, Simulated, frozen_gc, mcts_search
 from tag.sim import simulate_fast
 from tag.strategy import OPTIONS, Strategy, candidate_actions
 
@@ -63,6 +73,44 @@ def uniform_sweep(num_groups: int, cluster, count: int, seed: int) -> list[Strat
     picks = rng.permutation(len(options))[:count]
     return [Strategy.from_cluster(cluster, np.repeat(masks[a][None, :], num_groups, axis=0),
                                   np.full(num_groups, options[a])) for a in picks]
+
+
+class _RecordingEnv(PlacementEnv):
+    """A PlacementEnv that keeps, in order, every strategy it simulates: its cache misses, the calls that reach
+    the evaluator. The DP-NCCL reference its constructor simulates is left out (no part of a search's budget)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        self.simulated: list[Strategy] = []
+        super().__init__(*args, **kwargs)
+        self.simulated.clear()
+
+    def simulate(self, strategy: Strategy) -> Simulated:
+        before = self.num_simulations
+        simulated = super().simulate(strategy)
+        if self.num_simulations > before:
+            self.simulated.append(strategy)
+        return simulated
+
+
+def mcts_trace(group_graph, cluster_name: str, count: int, *, seed: int = 0,
+               policy: str | None = None) -> list[Strategy]:
+    """The first ``count`` strategies ``tag plan``'s MCTS simulates, in its order: its environment and search
+    settings (:class:`tag.planner.PlanConfig`'s defaults, first default fill) with ``policy``'s priors (a
+    checkpoint; None: uniform), search seed ``seed``, until ``count`` distinct strategies are simulated. On a
+    fresh Cluster object, so that the compiler's per-cluster caches stay cold for the timed evaluator."""
+    config = PlanConfig()
+    env = _RecordingEnv(group_graph, resolve_cluster(cluster_name), granularity=config.granularity,
+                        order=config.order, fill=config.fills[0], batch_split=config.batch_split, graded_oom=True)
+    evaluator, batch_evaluator, _ = load_priors(policy)
+    mcts_search(env, evaluator, batch_evaluator=batch_evaluator,
+                batch_size=1 if batch_evaluator is None else 8,  # tag plan's leaf batch with a GNN
+                c_puct=config.c_puct, max_simulations=count, target_visits=None, seed=seed)
+    return env.simulated[:count]  # a batch of leaves can overshoot the budget by a few
+
+
+def fragment_counts(evaluator: StrategyEvaluator) -> tuple[int, int]:
+    """(group fragments, pair fragments) ``evaluator`` holds; it has no public count, so its caches are read."""
+    return sum(len(cache) for cache in evaluator._group_fragments), len(evaluator._pair_fragments)
 
 
 def measure(evaluator: StrategyEvaluator, strategies: list[Strategy], *, feedback: bool) -> tuple[float, float]:
@@ -123,8 +171,13 @@ def main() -> None:
     parser.add_argument("--strategies", type=int, default=200)
     parser.add_argument("--compare", type=int, default=10, help="strategies run through compile_strategy too")
     parser.add_argument("--granularity", nargs="+", default=["group", "merged", "part"])
-    parser.add_argument("--workload", nargs="+", default=["search", "uniform", "random"],
-                        choices=["search", "uniform", "random"])
+    parser.add_argument("--workload", nargs="+", default=["search", "uniform", "random", "mcts"],
+                        choices=["search", "uniform", "random", "mcts"])
+    parser.add_argument("--mcts-simulations", type=int, default=300,
+                        help="distinct strategies the recorded search simulates (the mcts workload's length)")
+    parser.add_argument("--mcts-seed", type=int, default=0, help="seed of the recorded search")
+    parser.add_argument("--mcts-priors", choices=["policy", "uniform"], default="policy",
+                        help="priors of the recorded search: the shipped GNN policy (tag plan's) or uniform")
     parser.add_argument("--no-feedback", dest="feedback", action="store_false", help="skip Table 1 feedback")
     parser.add_argument("--profile", action="store_true", help="print cProfile hot spots per granularity")
     parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
@@ -140,6 +193,16 @@ def main() -> None:
     workloads = {"search": search_walk(g, cluster, args.strategies, seed=0),
                  "uniform": uniform_sweep(g, cluster, args.strategies, seed=0),
                  "random": [random_strategy(g, cluster, seed=k) for k in range(args.strategies)]}
+    if "mcts" in args.workload:
+        t0 = time.perf_counter()
+        policy = None
+        if args.mcts_priors == "policy":
+            from tag.policy import shipped_policy_path  # imports torch: only for this workload
+
+            policy = str(shipped_policy_path())
+        workloads["mcts"] = mcts_trace(group_graph, args.cluster, args.mcts_simulations, seed=args.mcts_seed,
+                                       policy=policy)
+        recording_s = time.perf_counter() - t0
     rows = []
     for granularity in args.granularity:
         load_kernels(group_graph, args.cluster, granularity)
@@ -150,35 +213,44 @@ def main() -> None:
             evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, max_cached_tasks=30_000_000)
             result = evaluator(Strategy.data_parallel(g, cluster))  # the evaluator's tables
             setup_s = time.perf_counter() - t0
+            before = fragment_counts(evaluator)
             with frozen_gc() if args.gc_freeze else contextlib.nullcontext():
                 cold, cold_cpu = measure(evaluator, strategies, feedback=args.feedback)
+                built = np.subtract(fragment_counts(evaluator), before) / len(strategies)  # [2] group, pair
                 warm, warm_cpu = measure(evaluator, strategies, feedback=args.feedback)
-            row = {"granularity": granularity, "workload": workload, "setup_s": setup_s,
-                   "evals_per_s": cold, "warm_evals_per_s": warm, "evals_per_cpu_s": cold_cpu,
-                   "warm_evals_per_cpu_s": warm_cpu,
+            row = {"granularity": granularity, "workload": workload, "evaluations": len(strategies),
+                   "setup_s": setup_s, "evals_per_s": cold, "warm_evals_per_s": warm, "evals_per_cpu_s": cold_cpu,
+                   "warm_evals_per_cpu_s": warm_cpu, "new_group_fragments": float(built[0]),
+                   "new_pair_fragments": float(built[1]),
                    "tasks": float(np.mean([evaluator(s, feedback=False).start.size for s in strategies[:20]])),
                    "dp_time_s": result.iteration_time}
             row.update(measure_compile_path(group_graph, args.cluster, strategies[:args.compare], granularity,
                                             feedback=args.feedback))
             rows.append(row)
     print(f"{args.model}: {graph.num_ops} ops -> {g} groups ({grouping_s:.2f} s), {cluster.name}: "
-          f"{cluster.num_devices} devices, {args.strategies} strategies per workload, one process, "
+          f"{cluster.num_devices} devices, {args.strategies} strategies per synthetic workload, one process, "
           f"feedback {'on' if args.feedback else 'off'}, setup {'frozen' if args.gc_freeze else 'not frozen'} for the "
           f"garbage collector")
-    print(f"{'granularity':<12}{'workload':<9}{'evals/s':>9}{'warm/s':>9}{'/cpu-s':>9}{'warm':>9}{'tasks':>8}   "
-          f"{'compile_strategy+simulate_fast: evals/s':>40}")
+    if "mcts" in workloads:
+        print(f"mcts: {len(workloads['mcts'])} strategies of one tag plan MCTS search ({args.mcts_priors} priors, "
+              f"seed {args.mcts_seed}), recorded in {recording_s:.1f} s")
+    print(f"{'granularity':<12}{'workload':<9}{'evals/s':>9}{'warm/s':>9}{'/cpu-s':>9}{'warm':>9}{'tasks':>8}"
+          f"{'new g/p':>12}   {'compile_strategy+simulate_fast: evals/s':>40}")
     for r in rows:
         print(f"{r['granularity']:<12}{r['workload']:<9}{r['evals_per_s']:>9.1f}{r['warm_evals_per_s']:>9.1f}"
-              f"{r['evals_per_cpu_s']:>9.1f}{r['warm_evals_per_cpu_s']:>9.1f}"
-              f"{r['tasks']:>8.0f}   {r['compile_path_evals_per_s']:>40.1f}")
+              f"{r['evals_per_cpu_s']:>9.1f}{r['warm_evals_per_cpu_s']:>9.1f}{r['tasks']:>8.0f}"
+              f"{r['new_group_fragments']:>6.1f}/{r['new_pair_fragments']:<5.1f}   "
+              f"{r['compile_path_evals_per_s']:>40.1f}")
     if args.profile:
         for granularity in args.granularity:
             print(f"\n--- hot spots, {granularity} granularity, search workload (first 100 strategies) ---")
             print(hot_spots(group_graph, cluster, workloads["search"][:100], granularity))
     results = [{k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()} for r in rows]
+    mcts = {"mcts_simulations": len(workloads["mcts"]), "mcts_seed": args.mcts_seed, "mcts_priors": args.mcts_priors,
+            "mcts_recording_s": round(recording_s, 3)} if "mcts" in workloads else {}
     print(json.dumps({"model": args.model, "cluster": args.cluster, "groups": g, "devices": cluster.num_devices,
                       "strategies": args.strategies, "feedback": args.feedback, "gc_freeze": args.gc_freeze,
-                      "results": results}))
+                      **mcts, "results": results}))
 
 
 if __name__ == "__main__":
