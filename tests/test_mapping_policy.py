@@ -283,6 +283,19 @@ def test_cached_closing_tables_equal_rebuilt_ones():
     assert len(decoder._closing) == 2
 
 
+@pytest.mark.parametrize("cluster,stages,replicas", [("mesh2d:4x4", 4, 4), ("random-blk-2:16,seed=1", 2, 8)])
+def test_compiled_return_costs_equal_the_numpy_reference(cluster, stages, replicas):
+    """return_costs (the compiled rows) equals opening_cost / closing_table row by row, bit for bit."""
+    _, instance = _instance(_problem(5, stages, replicas, cluster, latency=True), ALLREDUCE)
+    for seed in range(4):
+        devices = np.random.default_rng(seed).permutation(16).tolist()
+        expected = np.zeros((instance.num_slots, 16))
+        for k in np.flatnonzero(instance.ring_start >= 0).tolist():
+            expected[k] = (instance.opening_cost(k, devices) if instance.ring_start[k] == k
+                           else instance.closing_table(k, devices)[instance.hops_left[k] - 1])
+        np.testing.assert_array_equal(instance.return_costs(devices), expected)
+
+
 def test_return_costs_of_a_two_by_two_mesh_ring_by_hand():
     """A ring of R = 4 on a 2 x 2 mesh (devices 0 1 / 2 3; 1-hop links 78.1 GB/s, the diagonals 2
     hops at 39 GB/s) with replica 0 on device 0 and replica 1 on device 1: replica 2's return cost

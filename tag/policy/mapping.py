@@ -322,13 +322,32 @@ class MappingInstance:
         links = np.sort(np.where(free[None, :], self.hop_cost(slot), np.inf), axis=1)  # [D, D]
         return np.minimum(links[:, needed - 1], _FAR)
 
+    def return_cost(self, slot: int, devices: Sequence[int], hop: np.ndarray | None = None) -> np.ndarray:
+        """[D] look-ahead slot ``slot``'s return cost with the slots before it on ``devices``:
+        :meth:`opening_cost` at a ring's replica 0, else row R − r − 1 of :meth:`closing_table`, computed
+        by the compiled kernels the greedy decode runs (:func:`_opening_row`, :func:`_return_row`: the same
+        rows bit for bit, a tenth of the time; the numpy methods are their reference). ``hop``: the
+        slot's :meth:`hop_cost`, when the caller has it."""
+        hop = self.hop_cost(slot) if hop is None else hop
+        first, hops = int(self.ring_start[slot]), int(self.hops_left[slot])
+        prefix = np.asarray(devices[:slot], dtype=np.int64)
+        row = np.empty(self.num_devices)
+        if first == slot:  # replica 0
+            _opening_row(hop, prefix, slot, min(2, hops - 1), row)
+        else:
+            _return_row(hop, prefix, first, slot, hops, np.empty((max(hops - 1, 1), self.num_devices)), row)
+        return row
+
     def return_costs(self, devices: Sequence[int]) -> np.ndarray:
         """[K, D] the return cost of every look-ahead slot k under the mapping ``devices`` [K] (0 for the
         other slots); row k depends on ``devices[:k]`` only."""
         out = np.zeros((self.num_slots, self.num_devices))
+        hops: dict[int, np.ndarray] = {}  # stage -> its ring's hop costs
         for k in np.flatnonzero(self.ring_start >= 0).tolist():
-            out[k] = (self.opening_cost(k, devices) if self.ring_start[k] == k
-                      else self.closing_table(k, devices)[self.hops_left[k] - 1])
+            stage = int(self.slot_stage[k])
+            if stage not in hops:
+                hops[stage] = self.hop_cost(k)
+            out[k] = self.return_cost(k, devices, hops[stage])
         return out
 
 
@@ -639,23 +658,15 @@ class MappingDecoder:
         return logits, partial
 
     def _return_cost(self, k: int, devices: Sequence[int]) -> np.ndarray:
-        """[D] look-ahead slot k's return cost: :meth:`MappingInstance.opening_cost` at a ring's replica 0,
-        else row R − r − 1 of :meth:`MappingInstance.closing_table` (memoised, class docstring), by the
-        compiled kernels the greedy decode uses (the same rows bit for bit, a tenth of the time)."""
+        """[D] look-ahead slot k's return cost (:meth:`MappingInstance.return_cost`, memoised: class
+        docstring)."""
         inst = self.instance
-        first, hops = int(inst.ring_start[k]), int(inst.hops_left[k])
-        key = (first, int(devices[first]) if first < k else -1, hops, frozenset(devices[:k]))
+        first = int(inst.ring_start[k])
+        key = (first, int(devices[first]) if first < k else -1, int(inst.hops_left[k]), frozenset(devices[:k]))
         row = self._closing.get(key)
         if row is None:
-            *_, slot_hop, hops_table = self._flat_tables()
-            hop = hops_table[slot_hop[k]]  # [D, D] the ring's hop costs
-            prefix = np.asarray(devices[:k], dtype=np.int64)
-            row = np.empty(inst.num_devices)
-            if first == k:  # replica 0
-                _opening_row(hop, prefix, k, min(2, hops - 1), row)
-            else:
-                _return_row(hop, prefix, first, k, hops, np.empty((max(hops - 1, 1), inst.num_devices)), row)
-            self._closing[key] = row
+            *_, slot_hop, hops = self._flat_tables()
+            row = self._closing[key] = inst.return_cost(k, devices, hops[slot_hop[k]])
         return row
 
     def _running_time(self, devices: Sequence[int]) -> float:
