@@ -26,6 +26,7 @@ from tag.policy.mapping import (
     shipped_mapping_checkpoint,
     teacher_forced_logits,
 )
+from tag.policy.mapping import _median_and_reciprocal_median, _ring_hops
 from tag.search import MappingEnv
 from tag.search.errors import SearchError
 from tag.training.errors import TrainingError
@@ -149,6 +150,33 @@ def test_bounded_decodes_from_the_greedy_prefix_equal_decodes_from_scratch(clust
         results.append(fresh)
     assert results[-1] == greedy and results[0] is None  # the greedy decode's own time passes; the bound fails
     assert any(r is not None and r != greedy for r in results)  # and some bound leaves the greedy decode
+
+
+def test_instance_medians_and_ring_hops_equal_their_numpy_definitions():
+    """The instance's one-partition medians equal np.median of the bandwidths and of their reciprocals bit
+    for bit (odd and even counts, ties), and its ring hops equal the sorted unique hops (r, r + 1 mod R)."""
+    rng = np.random.default_rng(0)
+    for count in (1, 2, 3, 4, 7, 12, 56, 4032):
+        for values in (rng.uniform(1e9, 3e11, count), rng.choice([5e9, 2.5e10, 1e11], count)):
+            reference, inverse = _median_and_reciprocal_median(values)
+            assert reference == float(np.median(values))
+            assert 1.0 / inverse == 1.0 / float(np.median(1.0 / values))
+    for replicas in range(0, 18):
+        if replicas < 2:
+            assert _ring_hops(replicas).shape == (0, 2)
+            continue
+        hops = np.sort(np.stack([np.arange(replicas), (np.arange(replicas) + 1) % replicas], axis=1), axis=1)
+        np.testing.assert_array_equal(_ring_hops(replicas), np.unique(hops, axis=0))
+
+
+def test_an_instance_needs_every_stage_replica_once():
+    problem = _problem(3, 2, 4, "random-blk-2:8,seed=1")
+    stages, replicas = np.repeat(np.arange(2), 4), np.tile(np.arange(4), 2)
+    MappingInstance.build(problem, P2P, stages, replicas)
+    for bad_stages, bad_replicas in ((stages[:-1], replicas[:-1]), (stages, np.tile([0, 1, 2, 2], 2)),
+                                     (np.where(stages == 1, 2, stages), replicas), (stages, replicas - 1)):
+        with pytest.raises(PolicyError, match="every \\(stage, replica\\) once"):
+            MappingInstance.build(problem, P2P, bad_stages, bad_replicas)
 
 
 def test_numpy_tables_follow_the_policy_s_weights_after_updates():

@@ -124,6 +124,28 @@ def quick_lower_bound(problem: MappingProblem, instantiation: str) -> float:
     return float(best.max())
 
 
+def _ring_hops(replicas: int) -> np.ndarray:
+    """[H, 2] the hops (r, r') of a ring of ``replicas``, r < r', in ascending order: (0, 1), (0, R − 1),
+    (1, 2), …, (R − 2, R − 1); one hop for R = 2, none for R < 2."""
+    if replicas < 2:
+        return np.zeros((0, 2), dtype=np.int64)
+    inner = np.arange(1, replicas - 1, dtype=np.int64)
+    first = [[0, 1]] + ([[0, replicas - 1]] if replicas > 2 else [])
+    return np.concatenate([np.asarray(first, dtype=np.int64), np.stack([inner, inner + 1], axis=1)])
+
+
+def _median_and_reciprocal_median(values: np.ndarray) -> tuple[float, float]:
+    """(np.median(values), np.median(1 / values)) bit for bit from one partition: 1 / x reverses the
+    order, so the middle elements of the reciprocals are the reciprocals of the middle elements."""
+    count = len(values)
+    half = count // 2
+    if count % 2:
+        middle = float(np.partition(values, half)[half])
+        return middle, 1.0 / middle
+    low, high = np.partition(values, [half - 1, half])[half - 1:half + 1].tolist()
+    return (low + high) / 2.0, (1.0 / low + 1.0 / high) / 2.0
+
+
 @dataclass(frozen=True, eq=False)
 class MappingInstance:
     """A mapping problem seen from the tree: slots in the search's order, times over ``scale``."""
@@ -150,6 +172,7 @@ class MappingInstance:
     device_x: np.ndarray  # [D, DEVICE_FEATURES]
     device_edge_index: np.ndarray  # [2, E_dev] int64 (source, target)
     device_edge_attr: np.ndarray  # [E_dev, DEVICE_EDGE_FEATURES]
+    slot_edge_x: np.ndarray  # [E, SLOT_EDGE_FEATURES] bytes at the median link over the scale, kind one-hot, counted
 
     @property
     def num_slots(self) -> int:
@@ -168,8 +191,10 @@ class MappingInstance:
         slot_stage = np.asarray(slot_stage, dtype=np.int64)
         slot_replica = np.asarray(slot_replica, dtype=np.int64)
         stages, replicas, devices = problem.num_stages, problem.num_replicas, problem.num_devices
-        if sorted(zip(slot_stage.tolist(), slot_replica.tolist())) != [(s, r) for s in range(stages)
-                                                                       for r in range(replicas)]:
+        keys = slot_stage * replicas + slot_replica
+        if (slot_stage.shape != (stages * replicas,) or slot_replica.shape != slot_stage.shape
+                or ((slot_stage < 0) | (slot_stage >= stages) | (slot_replica < 0) | (slot_replica >= replicas)).any()
+                or np.bincount(keys, minlength=len(keys)).max(initial=0) > 1):
             raise PolicyError("slot_stage and slot_replica must list every (stage, replica) once")
         scale = quick_lower_bound(problem, instantiation)
         scale = scale if scale > 0 else 1.0
@@ -181,8 +206,7 @@ class MappingInstance:
         pairs, pair_bytes = problem.stage_pairs()
         pairs = pairs.reshape(-1, 2)
         p2p_ends = np.stack([slot_of[pairs[:, 0]], slot_of[pairs[:, 1]]], axis=-1).reshape(-1, 2)  # [P·R, 2]
-        hops = np.sort(np.stack([np.arange(replicas), (np.arange(replicas) + 1) % replicas], axis=1), axis=1)
-        hops = np.unique(hops, axis=0) if replicas >= 2 else np.zeros((0, 2), dtype=np.int64)  # R = 2: one hop
+        hops = _ring_hops(replicas)
         rings = np.flatnonzero(problem.param_bytes > 0) if replicas >= 2 else np.zeros(0, dtype=np.int64)
         ring_ends = slot_of[rings][:, hops].reshape(-1, 2)  # [S'·H, 2]
         ends_arr = np.sort(np.concatenate([p2p_ends, ring_ends]), axis=1)
@@ -199,7 +223,7 @@ class MappingInstance:
         off = ~np.eye(devices, dtype=bool)
         bandwidth = problem.bandwidth
         inv_bandwidth = np.where(off, 1.0 / np.where(off, bandwidth, 1.0), 0.0)
-        reference = float(np.median(bandwidth[off])) if devices > 1 else 1.0
+        reference, inverse_reference = _median_and_reciprocal_median(bandwidth[off]) if devices > 1 else (1.0, 1.0)
         edge_coef = np.asarray(coefs, dtype=np.float64)
 
         slot_x = np.zeros((len(slot_stage), SLOT_FEATURES))
@@ -245,10 +269,14 @@ class MappingInstance:
         else:
             device_edge_index = np.zeros((2, 0), dtype=np.int64)
             device_edge_attr = np.zeros((0, DEVICE_EDGE_FEATURES))
+        # the edges' features divide by 1 / median(1 / B), not by the median B: the two differ when the
+        # median is the mean of two middle links
+        slot_edge_x = np.stack([edge_coef / (1.0 / inverse_reference * scale), edge_kind == P2P_EDGE,
+                                edge_kind == RING_EDGE, counted], axis=1).astype(np.float64)
         return cls(problem, instantiation, scale, slot_stage, slot_replica, compute, ends_arr[:, 0].copy(),
                    ends_arr[:, 1].copy(), edge_kind, edge_coef, np.asarray(mults, dtype=np.float64), counted,
                    ring_start, replicas - slot_replica, ring_coef, inv_bandwidth, near_share, problem.latency.copy(), slot_x,
-                   device_x, device_edge_index, device_edge_attr)
+                   device_x, device_edge_index, device_edge_attr, slot_edge_x)
 
     @classmethod
     def from_env(cls, env: Any) -> MappingInstance:
@@ -257,10 +285,7 @@ class MappingInstance:
 
     def slot_edge_attr(self) -> np.ndarray:
         """[E, SLOT_EDGE_FEATURES] bytes at the median link over the scale, kind one-hot, counted."""
-        off = self.inv_bandwidth[~np.eye(self.num_devices, dtype=bool)]
-        reference = 1.0 / float(np.median(off)) if len(off) else 1.0
-        return np.stack([self.edge_coef / (reference * self.scale), self.edge_kind == P2P_EDGE,
-                         self.edge_kind == RING_EDGE, self.edge_counted], axis=1).astype(np.float64)
+        return self.slot_edge_x
 
     def edge_cost(self, edge: int, device: int) -> np.ndarray:
         """[D] what edge ``edge`` adds to its later slot's time when its earlier slot is on ``device`` and
