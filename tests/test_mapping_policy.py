@@ -180,8 +180,9 @@ def test_an_instance_needs_every_stage_replica_once():
 
 
 def test_numpy_tables_follow_the_policy_s_weights_after_updates():
-    """The numpy weights are memoised per policy, yet an in-place update (an optimizer step, a loaded state)
-    and a replaced parameter both show in the next tables."""
+    """The numpy weights are memoised per policy, yet an in-place update (an optimizer step, a loaded state),
+    a replaced parameter, a parameter moved to other memory and a replaced module all show in the next
+    tables."""
     torch.manual_seed(0)
     problem = _problem(3, 2, 4, "random-blk-2:8,seed=1")
     _, instance = _instance(problem, ALLREDUCE)
@@ -192,6 +193,13 @@ def test_numpy_tables_follow_the_policy_s_weights_after_updates():
     np.testing.assert_allclose(numpy_tables(policy, instance).static, before + 1.0, rtol=1e-6)
     policy.pair_out.bias = torch.nn.Parameter(policy.pair_out.bias.detach() + 1.0)  # a new object
     np.testing.assert_allclose(numpy_tables(policy, instance).static, before + 2.0, rtol=1e-6)
+    policy.pair_out.bias.data = policy.pair_out.bias.detach() + 1.0  # other memory, the same object
+    np.testing.assert_allclose(numpy_tables(policy, instance).static, before + 3.0, rtol=1e-6)
+    policy.pair_out = torch.nn.Linear(policy.config.hidden, 1)  # a new module
+    with torch.no_grad():
+        policy.pair_out.weight.zero_()
+        policy.pair_out.bias.fill_(5.0)
+    np.testing.assert_array_equal(numpy_tables(policy, instance).static, 5.0)
     with torch.no_grad():
         expected = policy(instance).static.numpy()
     np.testing.assert_allclose(numpy_tables(policy, instance).static, expected, rtol=1e-4, atol=1e-5)

@@ -529,20 +529,43 @@ def _elu(x: np.ndarray) -> np.ndarray:
     return np.where(x > 0, x, np.expm1(np.minimum(x, 0)))
 
 
-_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # policy -> (its parameters, numpy views)
+_WEIGHTS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # policy -> (_Holders, numpy views)
+
+
+class _Holders(NamedTuple):
+    """Where a policy's parameters sat when their numpy views were taken: each (container dict, key,
+    object) of every module's ``_modules`` and ``_parameters``, and each parameter's data pointer."""
+
+    slots: list[tuple[dict, str, Any]]
+    parameters: list[Tensor]
+    pointers: list[int]
+
+    @classmethod
+    def of(cls, policy: nn.Module) -> _Holders:
+        slots: list[tuple[dict, str, Any]] = []
+        for module in policy.modules():
+            slots += [(module._modules, name, child) for name, child in module._modules.items()]
+            slots += [(module._parameters, name, value) for name, value in module._parameters.items()]
+        parameters = list(policy.parameters())
+        return cls(slots, parameters, [p.data_ptr() for p in parameters])
+
+    def hold(self) -> bool:
+        """Whether every module and parameter is still where it was, on the same memory."""
+        return (all(container.get(name) is value for container, name, value in self.slots)
+                and [p.data_ptr() for p in self.parameters] == self.pointers)
 
 
 def _numpy_weights(policy: MappingPolicy) -> dict[str, np.ndarray]:
     """The policy's parameters by name as numpy arrays, memoised per policy: a mapper maps many problems
     with one policy, and building them from ``state_dict`` each time cost a fifth of the forward pass at
     64 devices. The arrays share the parameters' memory, so in-place updates (an optimizer step,
-    ``load_state_dict``) show through; a parameter replaced by another object rebuilds them."""
-    parameters = tuple(policy.parameters())
+    ``load_state_dict``) show through; a module or parameter replaced by another object, or a parameter
+    given other memory (``param.data = ...``), rebuilds them. The check walks recorded dicts, not
+    ``policy.parameters()``, whose generators cost 40 µs a call."""
     cached = _WEIGHTS.get(policy)
-    if cached is None or len(cached[0]) != len(parameters) or any(
-            a is not b for a, b in zip(cached[0], parameters)):
-        cached = _WEIGHTS[policy] = (parameters, {name: value.detach().numpy()
-                                                  for name, value in policy.named_parameters()})
+    if cached is None or not cached[0].hold():
+        cached = _WEIGHTS[policy] = (_Holders.of(policy), {name: value.detach().numpy()
+                                                          for name, value in policy.named_parameters()})
     return cached[1]
 
 
@@ -626,17 +649,13 @@ class MappingDecoder:
         self.edge_weight = tables.edge_weight.astype(np.float64)  # [E]
         self.beta = tables.beta.astype(np.float64)  # [NUM_BETAS]
         self.crowding = float(tables.crowding)
-        link_costs: dict[tuple[float, float], np.ndarray] = {}  # (latencies, bytes) -> [D, D] seconds / scale
+        self._flat = self._build_flat_tables()
+        _, src, edges, cost, ring, costs = self._flat[:6]
+        tables = list(costs) + [None]  # index -1: not counted
         earlier: list[list[tuple[int, int, bool, np.ndarray | None]]] = [[] for _ in range(instance.num_slots)]
-        for e, (a, b) in enumerate(zip(instance.edge_a.tolist(), instance.edge_b.tolist())):
-            cost = None
-            if instance.edge_counted[e]:  # row x: edge_cost(e, x), looked up instead of recomputed per step
-                key = (float(instance.edge_latency_mult[e]), float(instance.edge_coef[e]))
-                cost = link_costs.get(key)
-                if cost is None:
-                    cost = (key[0] * instance.latency + key[1] * instance.inv_bandwidth) / instance.scale
-                    link_costs[key] = cost
-            earlier[b].append((e, a, bool(instance.edge_kind[e] == RING_EDGE), cost))
+        for b, e, a, r, c in zip(instance.edge_b[edges].tolist(), edges.tolist(), src.tolist(), ring.tolist(),
+                                 cost.tolist()):  # the same tables, per slot, for the Python steps
+            earlier[b].append((e, a, r, tables[c]))
         self._earlier = earlier  # per slot: (edge, earlier slot, a ring hop, [D, D] cost if the objective counts it)
         near = instance.near_share > 0  # [D, D]
         self._near = near.astype(np.int64)  # integer counts keep the crowding exact, whatever the order of updates
@@ -648,7 +667,6 @@ class MappingDecoder:
         #     of each slot's device, set from slot k0 on)
         self._closing: dict[tuple[int, int, int, frozenset[int]], np.ndarray] = {}  # (ring start, its device,
         #     hops back, used set) -> return cost [D]
-        self._flat: tuple[np.ndarray, ...] | None = None  # _greedy_kernel's tables, built at the first completion
 
     def _step(self, k: int, devices: Sequence[int], before: float) -> tuple[np.ndarray, np.ndarray]:
         """(logits [D] unmasked, partial time [D]) of slot k with slots < k on ``devices``."""
@@ -791,33 +809,41 @@ class MappingDecoder:
         return list(full)
 
     def _flat_tables(self) -> tuple[np.ndarray, ...]:
-        """_greedy_kernel's view of the decoder: each slot's earlier edges as CSR (earlier slot, edge id,
-        index of its link-cost table or -1, ring hop), the link-cost tables [C, D, D], and each look-ahead
-        slot's index into its ring's hop costs [H, D, D] (MappingInstance.hop_cost)."""
-        if self._flat is None:
-            inst, devices = self.instance, self.instance.num_devices
-            tables: dict[int, int] = {}  # id of a [D, D] link-cost table -> its index
-            ptr, src, edges, cost, ring = [0], [], [], [], []
-            for earlier in self._earlier:
-                for e, a, is_ring, table in earlier:
-                    src.append(a), edges.append(e), ring.append(is_ring)
-                    cost.append(-1 if table is None else tables.setdefault(id(table), len(tables)))
-                ptr.append(len(src))
-            by_id = {id(t): t for row in self._earlier for _, _, _, t in row if t is not None}
-            costs = (np.stack([by_id[key] for key in tables]) if tables else np.zeros((1, devices, devices)))
-            stages: dict[int, int] = {}  # stage -> index into hops
-            slot_hop = np.zeros(inst.num_slots, dtype=np.int64)
-            hops = []
-            for slot in np.flatnonzero(inst.ring_start >= 0).tolist():
-                stage = int(inst.slot_stage[slot])
-                if stage not in stages:
-                    stages[stage] = len(hops)
-                    hops.append(inst.hop_cost(slot))
-                slot_hop[slot] = stages[stage]
-            as_int = functools.partial(np.asarray, dtype=np.int64)
-            self._flat = (as_int(ptr), as_int(src), as_int(edges), as_int(cost), np.asarray(ring, dtype=np.bool_),
-                          costs, slot_hop, np.stack(hops) if hops else np.zeros((1, devices, devices)))
         return self._flat
+
+    def _build_flat_tables(self) -> tuple[np.ndarray, ...]:
+        """_greedy_kernel's view of the decoder: each slot's earlier edges as CSR in edge order (earlier
+        slot, edge id, index of its link-cost table or -1 when the objective does not count the edge, ring
+        hop), the link-cost tables [C, D, D] (one per (latencies, bytes) of counted edges: row x of a table
+        is :meth:`MappingInstance.edge_cost` from device x), and each look-ahead slot's index into its
+        ring's hop costs [H, D, D] (MappingInstance.hop_cost)."""
+        inst, devices = self.instance, self.instance.num_devices
+        order = np.argsort(inst.edge_b, kind="stable")  # [E] edges by later slot, each slot's in edge order
+        ptr = np.concatenate([[0], np.cumsum(np.bincount(inst.edge_b, minlength=inst.num_slots))]).astype(np.int64)
+        index = np.full(len(order), -1, dtype=np.int64)  # [E] link-cost table of each edge
+        keys: dict[tuple[float, float], int] = {}
+        counted = np.flatnonzero(inst.edge_counted)
+        for e, key in zip(counted.tolist(), zip(inst.edge_latency_mult[counted].tolist(),
+                                                  inst.edge_coef[counted].tolist())):
+            index[e] = keys.setdefault(key, len(keys))
+        if keys:
+            mult, coef = np.asarray(list(keys), dtype=np.float64).T  # [C]
+            costs = (mult[:, None, None] * inst.latency + coef[:, None, None] * inst.inv_bandwidth) / inst.scale
+        else:
+            costs = np.zeros((1, devices, devices))
+        looks = np.flatnonzero(inst.ring_start >= 0)  # [L] look-ahead slots
+        _, first, which = np.unique(inst.slot_stage[looks], return_index=True, return_inverse=True)
+        slot_hop = np.zeros(inst.num_slots, dtype=np.int64)
+        slot_hop[looks] = which
+        if len(first):
+            ring_coef = inst.ring_coef[looks[first]]  # [H] one per stage with a look-ahead
+            hops = (2.0 * (inst.problem.num_replicas - 1) * inst.latency
+                    + ring_coef[:, None, None] * inst.inv_bandwidth) / inst.scale  # [H, D, D] as hop_cost
+            hops[:, np.arange(devices), np.arange(devices)] = np.inf
+        else:
+            hops = np.zeros((1, devices, devices))
+        return (ptr, inst.edge_a[order], order.astype(np.int64), index[order], inst.edge_kind[order] == RING_EDGE,
+                costs, slot_hop, hops)
 
     def _known_completion(self, start: tuple[int, ...]) -> tuple[int, ...] | None:
         """The memoised completion of ``start``, or its parent's when that passes through ``start`` (the
