@@ -280,6 +280,13 @@ def test_frozen_gc_freezes_for_the_search_and_hands_back():
         with frozen_gc():
             pass
         assert gc.get_freeze_count() == outer
+        real, gc.get_freeze_count = gc.get_freeze_count, None  # nested, it must not walk the frozen objects
+        try:
+            with frozen_gc():
+                pass
+        finally:
+            gc.get_freeze_count = real
+        assert gc.get_freeze_count() == outer
     assert gc.get_freeze_count() == 0
     gc.freeze()
     try:

@@ -61,13 +61,20 @@ def frozen_gc() -> Iterator[None]:
     each full collection walks every object of the process: the model, its grouping and the compiler's
     tables, hundreds of thousands that live as long as the search. Frozen (``gc.freeze``), they are not
     scanned; on exit they are handed back (``gc.unfreeze``), so nothing stays permanent in a long-lived
-    process. Nested or inside a caller's own freeze, it does nothing (the outer freeze holds).
+    process. Nested or inside a caller's own freeze, it does nothing (the outer freeze holds). Nesting is
+    told by a counter: ``gc.get_freeze_count()`` walks every frozen object (16 ms at 166k objects, three
+    times a 64-device learned map), so it is asked only outside every frozen_gc.
     """
-    if gc.get_freeze_count() > 0:
-        yield
-        return
-    gc.freeze()
+    nested = _FREEZES[0] > 0 or gc.get_freeze_count() > 0
+    _FREEZES[0] += 1
+    if not nested:
+        gc.freeze()
     try:
         yield
     finally:
-        gc.unfreeze()
+        _FREEZES[0] -= 1
+        if not nested:
+            gc.unfreeze()
+
+
+_FREEZES = [0]  # frozen_gc blocks open now
