@@ -66,8 +66,8 @@ class MappingEnv:
                             else float(lower_bound))
         stages, replicas = problem.num_stages, problem.num_replicas
         self.num_devices = problem.num_devices  # MappingProblem checks S·R ≤ D
-        pairs = np.unique(np.sort(np.stack([problem.edge_src, problem.edge_dst], axis=1), axis=1), axis=0)
-        order = connectivity_order(stages, pairs.reshape(-1, 2))
+        pairs = sorted({(min(a, b), max(a, b)) for a, b in zip(problem.edge_src.tolist(), problem.edge_dst.tolist())})
+        order = connectivity_order(stages, np.asarray(pairs, dtype=np.int64).reshape(-1, 2))
         self.slot_stage = np.repeat(np.asarray(order, dtype=np.int64), replicas)  # [K]
         self.slot_replica = np.tile(np.arange(replicas, dtype=np.int64), stages)  # [K]
         self.num_slots = stages * replicas
