@@ -578,8 +578,11 @@ def _gatv2(weights: dict[str, np.ndarray], name: str, heads: int, x: np.ndarray,
     x_r = (x @ weights[f"{name}.lin_r.weight"].T + weights[f"{name}.lin_r.bias"]).reshape(num_nodes, heads, -1)
     source, target = index
     message = x_l[source]  # [E, H, C]
-    e = message + x_r[target] + (attr @ weights[f"{name}.lin_edge.weight"].T).reshape(len(source), heads, -1)
-    score = (np.where(e > 0, e, 0.2 * e) * weights[f"{name}.att"]).sum(axis=-1)  # [E, H]
+    e = message + x_r[target]
+    e += (attr @ weights[f"{name}.lin_edge.weight"].T).reshape(len(source), heads, -1)
+    np.maximum(e, np.multiply(e, np.float32(0.2)), out=e)  # leaky ReLU, slope 0.2, in place
+    e *= weights[f"{name}.att"]
+    score = e.sum(axis=-1)  # [E, H]
     target = np.ascontiguousarray(target)
     alpha = np.exp(score - _segment_max(score, target, num_nodes)[target])  # numpy's exp: as before, bit for bit
     return _attend(message, alpha, target, num_nodes).reshape(num_nodes, -1) + weights[f"{name}.bias"]
