@@ -1033,10 +1033,8 @@ def _return_row(hop, devices, first, slot, hops, table, ret):  # pragma: no cove
         for a in range(num_devices):
             if fresh[a]:
                 through, row = best[a], hop[a]
-                for d in range(num_devices):
-                    value = max(through, row[d])
-                    if value < longer[d]:
-                        longer[d] = value
+                for d in range(num_devices):  # branch-free: the compiler vectorises it
+                    longer[d] = min(longer[d], max(through, row[d]))
         changed = False
         for d in range(num_devices):
             fresh[d] = inner[d] and longer[d] < best[d]
