@@ -18,6 +18,7 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, _mode_for(path))  # mkstemp's 0600 would hide a plan or report from the user's group
         with os.fdopen(fd, "wb") as handle:
             yield handle
             handle.flush()
@@ -27,6 +28,16 @@ def atomic_open(path: str | os.PathLike) -> Iterator[BinaryIO]:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
+
+
+def _mode_for(path: Path) -> int:
+    """The permission bits the written file gets: the replaced file's, or what ``open`` would give a new
+    one (0666 less the umask)."""
+    with contextlib.suppress(OSError):
+        return path.stat().st_mode & 0o7777
+    umask = os.umask(0)  # the only way to read it; set back at once
+    os.umask(umask)
+    return 0o666 & ~umask
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
