@@ -654,11 +654,11 @@ class MappingDecoder:
         self.crowding = float(tables.crowding)
         self._flat = self._build_flat_tables()
         _, src, edges, cost, ring, costs = self._flat[:6]
-        tables = list(costs) + [None]  # index -1: not counted
+        by_index = list(costs) + [None]  # index -1: the objective does not count the edge
         earlier: list[list[tuple[int, int, bool, np.ndarray | None]]] = [[] for _ in range(instance.num_slots)]
         for b, e, a, r, c in zip(instance.edge_b[edges].tolist(), edges.tolist(), src.tolist(), ring.tolist(),
                                  cost.tolist()):  # the same tables, per slot, for the Python steps
-            earlier[b].append((e, a, r, tables[c]))
+            earlier[b].append((e, a, r, by_index[c]))
         self._earlier = earlier  # per slot: (edge, earlier slot, a ring hop, [D, D] cost if the objective counts it)
         near = instance.near_share > 0  # [D, D]
         self._near = near.astype(np.int64)  # integer counts keep the crowding exact, whatever the order of updates
