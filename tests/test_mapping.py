@@ -14,6 +14,7 @@ from tag.exact.heuristics import cs_map, p2p_map, random_map
 from tag.exact.mapping import (
     MappingError,
     MappingProblem,
+    StageTimer,
     assignment_lower_bound,
     choose_instantiation,
     initial_lower_bound,
@@ -125,6 +126,46 @@ def test_lower_bounds_never_exceed_the_optimum(mode):
         initial = initial_lower_bound(problem, mode)
         assignment = assignment_lower_bound(problem, mode)
         assert initial <= assignment <= optimum * (1 + 1e-12), n
+
+
+def _stage_times_pair_by_pair(problem: MappingProblem, devices: np.ndarray, mode: str) -> np.ndarray:
+    """stage_times as it was first written: eq. (8) added one pair at a time per stage."""
+    times = problem.stage_time[np.arange(problem.num_stages)[:, None], problem.device_type[devices]].copy()
+    if mode in ("p2p", "full"):
+        pairs, pair_bytes = problem.stage_pairs()
+        for s, neighbours in enumerate(kernel.stage_adjacency(problem.num_stages, pairs)):
+            for k, other in neighbours:
+                x, y = devices[s], devices[other]
+                times[s] = times[s] + (problem.latency[x, y] + pair_bytes[k] / problem.bandwidth[x, y])
+    if mode in ("allreduce", "full") and problem.num_replicas >= 2:
+        replicas, ring_next = problem.num_replicas, np.roll(devices, -1, axis=1)
+        hops = (2.0 * (replicas - 1) * problem.latency[devices, ring_next] + 2.0 * (replicas - 1) / replicas
+                * problem.param_bytes[:, None] / problem.bandwidth[devices, ring_next])
+        hops[problem.param_bytes == 0] = 0.0
+        times = times + hops.max(axis=1, keepdims=True)
+    return times
+
+
+def test_stage_timer_equals_adding_pair_by_pair_bit_for_bit():
+    """StageTimer's rounds (round j adds every stage's j-th pair) give the times of adding one pair at a
+    time, to the last bit, on chains and on random stage graphs with hubs, every instantiation."""
+    rng = np.random.default_rng(3)
+    problems = [problem for _, problem in RANDOM_INSTANCES]
+    problems += [random_problem(rng, 16, 8, 2, latency=True, chain=False, types=2) for _ in range(4)]
+    degrees = set()
+    for problem in problems:
+        pairs, _ = problem.stage_pairs()
+        degrees.add(max((len(a) for a in kernel.stage_adjacency(problem.num_stages, pairs)), default=0))
+        for mode in ("p2p", "allreduce", "full"):
+            timer = StageTimer(problem, mode)
+            for _ in range(3):
+                devices = rng.permutation(problem.num_devices)[:problem.num_stages * problem.num_replicas]
+                devices = devices.reshape(problem.num_stages, problem.num_replicas)
+                expected = _stage_times_pair_by_pair(problem, devices, mode)
+                np.testing.assert_array_equal(timer.times(devices), expected)
+                np.testing.assert_array_equal(stage_times(problem, devices, mode), expected)
+                assert timer.max_time(devices) == max_stage_time(problem, devices, mode) == expected.max()
+    assert max(degrees) >= 4  # some stage adds four or more pairs
 
 
 def test_p2p_vertex_bound_puts_adjacent_stages_on_distinct_devices():

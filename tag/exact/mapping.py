@@ -49,6 +49,7 @@ __all__ = [
     "choose_instantiation",
     "stage_times",
     "max_stage_time",
+    "StageTimer",
     "initial_lower_bound",
     "assignment_lower_bound",
     "solve_mapping",
@@ -460,29 +461,56 @@ def stage_times(problem: MappingProblem, mapping: Any, instantiation: str = FULL
     so a search's bound and this value agree to the last bit.
     """
     mode = _resolve_instantiation(problem, instantiation, allow_full=True)
-    devices = _check_mapping(problem, mapping)
-    bandwidth, latency = problem.bandwidth, problem.latency
-    times = problem.stage_time[np.arange(problem.num_stages)[:, None], problem.device_type[devices]]  # [S, R]
-    if mode in (P2P, FULL):
-        pairs, pair_bytes = problem.stage_pairs()
-        times = times.copy()
-        for s, neighbours in enumerate(kernel.stage_adjacency(problem.num_stages, pairs)):
-            for k, other in neighbours:
-                x, y = devices[s], devices[other]
-                times[s] = times[s] + _p2p_seconds(pair_bytes[k], bandwidth[x, y], latency[x, y])
-    if mode in (ALLREDUCE, FULL) and problem.num_replicas >= 2:
-        replicas = problem.num_replicas
-        ring_next = np.roll(devices, -1, axis=1)
-        hops = _hop_seconds(problem.param_bytes[:, None], replicas, bandwidth[devices, ring_next],
-                            latency[devices, ring_next])  # [S, R]
-        hops[problem.param_bytes == 0] = 0.0
-        times = times + hops.max(axis=1, keepdims=True)
-    return times
+    return StageTimer(problem, mode).times(_check_mapping(problem, mapping))
 
 
 def max_stage_time(problem: MappingProblem, mapping: Any, instantiation: str = FULL) -> float:
     """Eq. (5)'s objective: the largest of :func:`stage_times`."""
     return float(stage_times(problem, mapping, instantiation).max())
+
+
+class StageTimer:
+    """:func:`stage_times` of one problem and instantiation, its tables built once, for callers that score
+    many mappings (a search). Eq. (8)'s sums run in rounds: round j adds the j-th pair (by pair index,
+    :func:`stage_adjacency`'s order) of every stage that has one, so each stage's sum keeps its order and
+    the times agree bit for bit with adding pair by pair. ``times`` does not check the mapping."""
+
+    def __init__(self, problem: MappingProblem, instantiation: str) -> None:
+        self.problem = problem
+        self.mode = _resolve_instantiation(problem, instantiation, allow_full=True)
+        self.rows = np.arange(problem.num_stages)[:, None]  # [S, 1]
+        self.rounds: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (stages, other stages, bytes)
+        if self.mode in (P2P, FULL):
+            pairs, pair_bytes = problem.stage_pairs()
+            adjacency = kernel.stage_adjacency(problem.num_stages, pairs)
+            for j in range(max((len(a) for a in adjacency), default=0)):
+                stages = [s for s, a in enumerate(adjacency) if len(a) > j]
+                self.rounds.append((np.asarray(stages, dtype=np.int64),
+                                    np.asarray([adjacency[s][j][1] for s in stages], dtype=np.int64),
+                                    pair_bytes[[adjacency[s][j][0] for s in stages]][:, None]))
+        self.rings = self.mode in (ALLREDUCE, FULL) and problem.num_replicas >= 2
+        self.param_bytes = problem.param_bytes[:, None]  # [S, 1]
+        self.no_ring = problem.param_bytes == 0
+
+    def times(self, devices: np.ndarray) -> np.ndarray:
+        """[S, R] stage times under the mapping ``devices`` [S, R] (int64, already valid)."""
+        problem = self.problem
+        bandwidth, latency = problem.bandwidth, problem.latency
+        times = problem.stage_time[self.rows, problem.device_type[devices]]  # [S, R]
+        for stages, others, nbytes in self.rounds:
+            x, y = devices[stages], devices[others]  # [n, R]
+            times[stages] = times[stages] + _p2p_seconds(nbytes, bandwidth[x, y], latency[x, y])
+        if self.rings:
+            ring_next = np.roll(devices, -1, axis=1)
+            hops = _hop_seconds(self.param_bytes, problem.num_replicas, bandwidth[devices, ring_next],
+                                latency[devices, ring_next])  # [S, R]
+            hops[self.no_ring] = 0.0
+            times = times + hops.max(axis=1, keepdims=True)
+        return times
+
+    def max_time(self, devices: np.ndarray) -> float:
+        """Eq. (5)'s objective of ``devices`` [S, R]: the largest of :meth:`times`."""
+        return float(self.times(devices).max())
 
 
 # --------------------------------------------------------------------------------------- lower bounds

@@ -24,7 +24,7 @@ import numpy as np
 
 from tag.exact._mapping_kernel import connectivity_order
 from tag.exact.heuristics import cs_map
-from tag.exact.mapping import MappingProblem, assignment_lower_bound, choose_instantiation, max_stage_time
+from tag.exact.mapping import MappingProblem, StageTimer, assignment_lower_bound, choose_instantiation
 from tag.search.env import LeafEvaluation
 from tag.search.errors import SearchError
 
@@ -73,6 +73,7 @@ class MappingEnv:
         self.num_slots = stages * replicas
         self.num_simulations = 0
         self._cache: dict[tuple[int, ...], float] = {}
+        self._timer = StageTimer(problem, self.instantiation)
         self._cs = cs_map(problem)
         self.reference_time = self._time(self._cs)
         self.reference_name = CS_MAP
@@ -135,6 +136,7 @@ class MappingEnv:
     # ------------------------------------------------------------------ scoring
 
     def score(self, mapping: np.ndarray) -> LeafEvaluation:
+        """The leaf of a valid [S, R] int64 ``mapping`` (:meth:`mapping` checks what a fill gives)."""
         time = self._time(mapping)
         value = self.lower_bound / time if time > 0 else 1.0
         return LeafEvaluation(value, mapping, time, True)
@@ -143,6 +145,6 @@ class MappingEnv:
         key = tuple(mapping.reshape(-1).tolist())
         hit = self._cache.get(key)
         if hit is None:
-            hit = self._cache[key] = max_stage_time(self.problem, mapping, self.instantiation)
+            hit = self._cache[key] = self._timer.max_time(mapping)
             self.num_simulations += 1
         return hit
