@@ -235,7 +235,7 @@ def test_greedy_completion_and_fill_extend_the_state():
     assert full[:2] == [5, 2] and sorted(full) == list(range(8))
     prefix = [5, 2]  # the fill is the step-by-step argmax of the logits (its crowding updated in place)
     while len(prefix) < instance.num_slots:
-        prefix.append(int(np.argmax(np.round(decoder.logits(prefix), 6))))
+        prefix.append(int(np.argmax(np.round(decoder.reference_logits(prefix), 6))))
     assert full == prefix
     env.fill = decoder.complete
     mapping = env.mapping((5, 2))
@@ -293,12 +293,30 @@ def test_greedy_kernel_is_the_argmax_of_the_step_by_step_logits_compiled_or_not(
     stepped = list(prefix)
     reference = MappingDecoder(policy, instance)
     while len(stepped) < instance.num_slots:
-        stepped.append(int(np.argmax(np.round(reference.logits(stepped), 6))))
+        stepped.append(int(np.argmax(np.round(reference.reference_logits(stepped), 6))))
     assert compiled == stepped
-    for name in ("_greedy_kernel", "_return_row", "_opening_row"):
+    for name in ("_greedy_kernel", "_slot_step", "_return_row", "_opening_row"):
         kernel = getattr(mapping, name)
         monkeypatch.setattr(mapping, name, getattr(kernel, "py_func", kernel))
     assert MappingDecoder(policy, instance).complete(prefix) == compiled
+
+
+@pytest.mark.parametrize("mode,cluster", [(ALLREDUCE, "mesh2d:4x4"), (ALLREDUCE, "uniform-dist:16,seed=3"),
+                                          (P2P, "tag-random:seed=3")])
+def test_compiled_logits_equal_the_numpy_steps_bit_for_bit(mode, cluster):
+    """The priors' compiled logits (:func:`_next_logits`) equal the numpy step-by-step ones on every prefix
+    of random maps (look-ahead slots, replica 0s and plain slots), and a full map has no next logits."""
+    devices = resolve_cluster(cluster).num_devices
+    problem = _problem(8, 4, devices // 4, cluster, latency=True)
+    _, instance = _instance(problem, mode)
+    decoder = MappingDecoder(_trained_sign_policy(), instance)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        full = rng.permutation(devices)[:instance.num_slots].tolist()
+        for k in range(instance.num_slots):
+            np.testing.assert_array_equal(decoder.logits(full[:k]), decoder.reference_logits(full[:k]))
+        with pytest.raises(PolicyError, match="no next slot"):
+            decoder.logits(full)
 
 
 def test_cached_closing_tables_equal_rebuilt_ones():
@@ -374,7 +392,7 @@ def test_bounded_completion_is_the_argmax_among_devices_within_the_bound(mode, c
         reference = MappingDecoder(policy, instance)
         stepped: list[int] | None = []
         while stepped is not None and len(stepped) < instance.num_slots:
-            logits = np.round(reference.logits(stepped), 6)
+            logits = np.round(reference.reference_logits(stepped), 6)
             logits[_reach(reference, stepped) * instance.scale > bound * (1 + 1e-9)] = -np.inf
             logits[stepped] = -np.inf
             stepped = stepped + [int(np.argmax(logits))] if np.isfinite(logits).any() else None

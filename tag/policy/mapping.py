@@ -663,7 +663,8 @@ class MappingDecoder:
         near = instance.near_share > 0  # [D, D]
         self._near = near.astype(np.int64)  # integer counts keep the crowding exact, whatever the order of updates
         self._near_columns = np.ascontiguousarray(self._near.T)  # row x: column x of _near
-        self._near_total = np.maximum(near.sum(axis=1), 1).astype(np.float64)  # [D] n_d
+        self._near_count = near.sum(axis=1).astype(np.int64)  # [D] near links per device
+        self._near_total = np.maximum(self._near_count, 1).astype(np.float64)  # [D] n_d
         self._before: dict[tuple[int, ...], float] = {(): 0.0}  # decided prefix -> T after it
         self._completions: dict[tuple[int, ...], tuple[int, ...]] = {}  # prefix -> its greedy completion
         self._reaches: dict[tuple[int, ...], tuple[int, np.ndarray]] = {}  # greedy completion -> (k0, [K] reach
@@ -744,7 +745,20 @@ class MappingDecoder:
         return (self._near @ free) / self._near_total
 
     def logits(self, devices: Sequence[int]) -> np.ndarray:
-        """[D] logits of the next slot after ``devices`` (used devices masked), as in training."""
+        """[D] logits of the next slot after ``devices`` (used devices masked), as in training: the
+        compiled :func:`_next_logits`, bit for bit :meth:`reference_logits`."""
+        inst = self.instance
+        if len(devices) >= inst.num_slots:
+            raise PolicyError(f"every one of the {inst.num_slots} slots is decided: no next slot has logits")
+        ptr, src, edges, cost, ring, costs, slot_hop, hops = self._flat
+        return _next_logits(np.asarray(devices, dtype=np.int64), self._running_time(devices), self.static,
+                            self.affinity, inst.compute, ptr, src, self.edge_weight[edges], cost, ring, costs,
+                            inst.ring_start, inst.hops_left, slot_hop, hops, self.beta, self.crowding,
+                            self._near_columns, self._near_count, self._near_total)
+
+    def reference_logits(self, devices: Sequence[int]) -> np.ndarray:
+        """:meth:`logits` in numpy, step by step (:meth:`_step`): the reference the compiled decoder is
+        held to."""
         logits, _ = self._step(len(devices), devices, self._running_time(devices))
         free = np.ones(self.instance.num_devices, dtype=np.int64)
         free[list(devices)] = 0
@@ -912,12 +926,12 @@ def _greedy_kernel(prefix, before, limit, static, affinity, compute, edge_ptr, e
                    near_columns, near_total, free_near, taken):  # pragma: no cover - compiled
     """:meth:`MappingDecoder.complete`'s loop over flat arrays (K slots, D devices), from the decided
     ``prefix`` with running time ``before`` (and ``free_near`` [D], ``taken`` [D] 0 or −∞, updated in
-    place): the float operations of :meth:`MappingDecoder._step` and its crowding and rounding, in the
-    same order, so the decode agrees bit for bit with the logits the search's priors come from. Slot k
-    takes the best free device whose reach (time at placement, or its ring's look-ahead max(P, ret) + c)
-    is at most ``limit`` (MappingDecoder.complete). Returns (devices [K], -1, reaches [K]), or (devices, k,
-    reaches) when no free device keeps slot k within ``limit``; ``reaches[k]`` is the reach of the device
-    slot k took (entries before the prefix's end and from a stop on are not set).
+    place): each slot's :func:`_slot_step` (the float operations of :meth:`MappingDecoder._step`, in the
+    same order), its crowding and rounding, so the decode agrees bit for bit with the numpy decoder's
+    logits. Slot k takes the best free device whose reach (time at placement, or its ring's look-ahead
+    max(P, ret) + c) is at most ``limit`` (MappingDecoder.complete). Returns (devices [K], -1, reaches
+    [K]), or (devices, k, reaches) when no free device keeps slot k within ``limit``; ``reaches[k]`` is the
+    reach of the device slot k took (entries before the prefix's end and from a stop on are not set).
 
     ``edge_ptr`` [K + 1] CSR over each slot's earlier edges: ``edge_src`` (earlier slot), ``edge_weight``,
     ``edge_cost`` (index into ``costs`` [C, D, D], -1 when not counted), ``edge_ring``; ``slot_hop`` [K]
@@ -931,48 +945,11 @@ def _greedy_kernel(prefix, before, limit, static, affinity, compute, edge_ptr, e
     logits = np.empty(num_devices)
     added = np.empty(num_devices)
     partial = np.empty(num_devices)
-    c13, c24 = beta[1] + beta[3], beta[2] + beta[4]
     reach = np.empty(num_devices)  # [D] a lower bound of slot k's final stage time on each device
     for k in range(len(prefix), num_slots):
-        logits[:] = static[k]
-        counted = False
-        for q in range(edge_ptr[k], edge_ptr[k + 1]):
-            x = out[edge_src[q]]
-            w = edge_weight[q]
-            for d in range(num_devices):
-                logits[d] += w * affinity[x, d]
-            c = edge_cost[q]
-            if c < 0:
-                continue
-            if not counted:
-                added[:] = costs[c, x]
-                counted = True
-            elif edge_ring[q]:
-                for d in range(num_devices):
-                    added[d] = max(added[d], costs[c, x, d])
-            else:
-                for d in range(num_devices):
-                    added[d] += costs[c, x, d]
-        for d in range(num_devices):
-            partial[d] = compute[k, d] + added[d] if counted else compute[k, d]
-            if counted:
-                logits[d] -= beta[0] * added[d]
-        first = ring_start[k]
-        if first < 0:
-            for d in range(num_devices):
-                logits[d] -= c13 * max(partial[d] - before, 0.0) + c24 * max(partial[d] - 1.0, 0.0)
-                reach[d] = partial[d]
-        else:
-            if first == k:
-                _opening_row(hops[slot_hop[k]], out, k, min(2, hops_left[k] - 1), ret_row)
-            else:
-                _return_row(hops[slot_hop[k]], out, first, k, hops_left[k], table, ret_row)
-            for d in range(num_devices):
-                ret = ret_row[d]
-                ahead = compute[k, d] + (max(added[d], ret) if counted else ret)
-                logits[d] -= (beta[1] * max(partial[d] - before, 0.0) + beta[2] * max(partial[d] - 1.0, 0.0)
-                              + beta[3] * max(ahead - before, 0.0) + beta[4] * max(ahead - 1.0, 0.0))
-                reach[d] = max(partial[d], ahead)
+        _slot_step(k, out, before, static, affinity, compute, edge_ptr, edge_src, edge_weight, edge_cost,
+                   edge_ring, costs, ring_start, hops_left, slot_hop, hops, beta, table, ret_row, logits, added,
+                   partial, reach)
         choice = -1
         top = -np.inf
         for d in range(num_devices):
@@ -991,6 +968,83 @@ def _greedy_kernel(prefix, before, limit, static, affinity, compute, edge_ptr, e
             free_near[d] -= near_columns[choice, d]
         before = max(before, partial[choice])
     return out, -1, reaches
+
+
+@_jit
+def _slot_step(k, out, before, static, affinity, compute, edge_ptr, edge_src, edge_weight, edge_cost, edge_ring,
+               costs, ring_start, hops_left, slot_hop, hops, beta, table, ret_row, logits, added, partial,
+               reach):  # pragma: no cover - compiled
+    """Slot k with slots < k on ``out``: its logits before crowding, partial times and reaches [D] into
+    ``logits``, ``partial`` and ``reach`` (``added``, ``ret_row`` [D] and ``table`` are scratch); the
+    float operations of :meth:`MappingDecoder._step` in the same order (arguments as
+    :func:`_greedy_kernel`'s)."""
+    num_devices = static.shape[1]
+    c13, c24 = beta[1] + beta[3], beta[2] + beta[4]
+    logits[:] = static[k]
+    counted = False
+    for q in range(edge_ptr[k], edge_ptr[k + 1]):
+        x = out[edge_src[q]]
+        w = edge_weight[q]
+        for d in range(num_devices):
+            logits[d] += w * affinity[x, d]
+        c = edge_cost[q]
+        if c < 0:
+            continue
+        if not counted:
+            added[:] = costs[c, x]
+            counted = True
+        elif edge_ring[q]:
+            for d in range(num_devices):
+                added[d] = max(added[d], costs[c, x, d])
+        else:
+            for d in range(num_devices):
+                added[d] += costs[c, x, d]
+    for d in range(num_devices):
+        partial[d] = compute[k, d] + added[d] if counted else compute[k, d]
+        if counted:
+            logits[d] -= beta[0] * added[d]
+    first = ring_start[k]
+    if first < 0:
+        for d in range(num_devices):
+            logits[d] -= c13 * max(partial[d] - before, 0.0) + c24 * max(partial[d] - 1.0, 0.0)
+            reach[d] = partial[d]
+        return
+    if first == k:
+        _opening_row(hops[slot_hop[k]], out, k, min(2, hops_left[k] - 1), ret_row)
+    else:
+        _return_row(hops[slot_hop[k]], out, first, k, hops_left[k], table, ret_row)
+    for d in range(num_devices):
+        ret = ret_row[d]
+        ahead = compute[k, d] + (max(added[d], ret) if counted else ret)
+        logits[d] -= (beta[1] * max(partial[d] - before, 0.0) + beta[2] * max(partial[d] - 1.0, 0.0)
+                      + beta[3] * max(ahead - before, 0.0) + beta[4] * max(ahead - 1.0, 0.0))
+        reach[d] = max(partial[d], ahead)
+
+
+@_jit
+def _next_logits(prefix, before, static, affinity, compute, edge_ptr, edge_src, edge_weight, edge_cost,
+                 edge_ring, costs, ring_start, hops_left, slot_hop, hops, beta, crowding, near_columns,
+                 near_count, near_total):  # pragma: no cover - compiled
+    """[D] :meth:`MappingDecoder.logits` of slot len(``prefix``) (arguments as :func:`_greedy_kernel`'s;
+    ``near_count`` [D] int64 near links per device): :func:`_slot_step`, the crowding (the near links of
+    each device whose far end is still free, counted exactly in integers), used devices masked."""
+    num_slots, num_devices = static.shape
+    k = len(prefix)
+    table = np.empty((max(int(hops_left.max()) - 1, 1), num_devices))
+    scratch = np.empty((5, num_devices))  # ret_row, logits, added, partial, reach
+    _slot_step(k, prefix, before, static, affinity, compute, edge_ptr, edge_src, edge_weight, edge_cost,
+               edge_ring, costs, ring_start, hops_left, slot_hop, hops, beta, table, scratch[0], scratch[1],
+               scratch[2], scratch[3], scratch[4])
+    free_near = near_count.copy()
+    for i in range(k):
+        for d in range(num_devices):
+            free_near[d] -= near_columns[prefix[i], d]
+    logits = scratch[1].copy()
+    for d in range(num_devices):
+        logits[d] += crowding * (free_near[d] / near_total[d])
+    for i in range(k):
+        logits[prefix[i]] = _MASKED
+    return logits
 
 
 @_jit
