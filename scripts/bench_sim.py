@@ -135,6 +135,8 @@ def measure_compile_path(group_graph, cluster_name: str, strategies, granularity
         compile_s += t1 - t0
         simulate_s += time.perf_counter() - t1
     n = len(strategies)
+    if n == 0:  # --compare 0: the plain path is not measured
+        return {"compile_path_evals_per_s": None, "compile_ms": None, "simulate_ms": None}
     return {"compile_path_evals_per_s": n / (compile_s + simulate_s), "compile_ms": 1e3 * compile_s / n,
             "simulate_ms": 1e3 * simulate_s / n}
 
@@ -183,6 +185,11 @@ def main() -> None:
     parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
                         help="let the garbage collector scan the setup's objects during the runs")
     args = parser.parse_args()
+    for name in ("groups", "strategies", "mcts_simulations"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.compare < 0:
+        parser.error(f"--compare must be 0 (skip the plain path) or more, got {args.compare}")
 
     cluster = resolve_cluster(args.cluster)
     graph = resolve_model(args.model)
@@ -240,7 +247,8 @@ def main() -> None:
         print(f"{r['granularity']:<12}{r['workload']:<9}{r['evals_per_s']:>9.1f}{r['warm_evals_per_s']:>9.1f}"
               f"{r['evals_per_cpu_s']:>9.1f}{r['warm_evals_per_cpu_s']:>9.1f}{r['tasks']:>8.0f}"
               f"{r['new_group_fragments']:>6.1f}/{r['new_pair_fragments']:<5.1f}   "
-              f"{r['compile_path_evals_per_s']:>40.1f}")
+              + (f"{r['compile_path_evals_per_s']:>40.1f}" if r["compile_path_evals_per_s"] is not None
+                 else f"{'-':>40}"))
     if args.profile:
         for granularity in args.granularity:
             print(f"\n--- hot spots, {granularity} granularity, search workload (first 100 strategies) ---")

@@ -64,3 +64,17 @@ def test_script_reports_the_mcts_workload(monkeypatch, capsys):
     (row,) = report["results"]
     assert row["workload"] == "mcts" and row["evaluations"] == 4
     assert row["evals_per_cpu_s"] > 0 and row["new_group_fragments"] > 0
+
+
+def test_script_skips_the_plain_path_with_compare_0_and_rejects_bad_counts(monkeypatch, capsys):
+    monkeypatch.setattr(sys, "argv", ["bench_sim.py", "--model", "vgg19", "--groups", "4", "--strategies", "3",
+                                      "--compare", "0", "--granularity", "group", "--workload", "search"])
+    bench_sim.main()
+    report = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    (row,) = report["results"]
+    assert row["compile_path_evals_per_s"] is None and row["evals_per_cpu_s"] > 0
+    for bad in (["--compare", "-1"], ["--strategies", "0"]):
+        monkeypatch.setattr(sys, "argv", ["bench_sim.py", *bad])
+        with pytest.raises(SystemExit):
+            bench_sim.main()
+        assert bad[0] in capsys.readouterr().err
