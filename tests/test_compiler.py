@@ -568,3 +568,24 @@ def test_fast_path_agrees_with_reference():
         assert np.median(found) <= median, granularity
         assert np.quantile(found, 0.95) <= p95, granularity
         assert found.max() <= worst, granularity
+
+
+def test_evaluator_columns_keep_their_rows_as_they_grow():
+    """The evaluator's column store doubles its arrays past 1024 rows; every row written stays readable,
+    in order, through the growths, per table."""
+    from tag.compiler.evaluate import _Columns
+
+    columns = _Columns({"a": (np.float64, "t"), "b": (np.int32, "t"), "c": (np.int64, "u")})
+    rng = np.random.default_rng(0)
+    written = {"a": [], "b": [], "c": []}
+    for _ in range(40):
+        rows_t, rows_u = int(rng.integers(0, 300)), int(rng.integers(0, 900))
+        rows = {"a": rng.random(rows_t), "b": rng.integers(-5, 5, rows_t).astype(np.int32),
+                "c": rng.integers(0, 1 << 40, rows_u)}
+        first = columns.extend(rows, {"t": rows_t, "u": rows_u})
+        assert first == {"t": sum(len(x) for x in written["a"]), "u": sum(len(x) for x in written["c"])}
+        for name, values in rows.items():
+            written[name].append(values)
+    for name, parts in written.items():
+        np.testing.assert_array_equal(columns.view(name), np.concatenate(parts))
+    assert columns.columns["c"].size > 1024 * 8  # it grew several times
