@@ -652,7 +652,7 @@ class MappingDecoder:
         self.edge_weight = tables.edge_weight.astype(np.float64)  # [E]
         self.beta = tables.beta.astype(np.float64)  # [NUM_BETAS]
         self.crowding = float(tables.crowding)
-        self._flat = self._build_flat_tables()
+        self._flat = self._build_flat_tables()  # the kernels' view of the decoder (_build_flat_tables)
         _, src, edges, cost, ring, costs = self._flat[:6]
         by_index = list(costs) + [None]  # index -1: the objective does not count the edge
         earlier: list[list[tuple[int, int, bool, np.ndarray | None]]] = [[] for _ in range(instance.num_slots)]
@@ -712,7 +712,7 @@ class MappingDecoder:
         key = (first, int(devices[first]) if first < k else -1, int(inst.hops_left[k]), frozenset(devices[:k]))
         row = self._closing.get(key)
         if row is None:
-            *_, slot_hop, hops = self._flat_tables()
+            *_, slot_hop, hops = self._flat
             row = self._closing[key] = inst.return_cost(k, devices, hops[slot_hop[k]])
         return row
 
@@ -807,15 +807,16 @@ class MappingDecoder:
                 if not len(over):
                     return list(known)
                 start = known[:len(start) + int(over[0])]
-        free = np.ones(self.instance.num_devices, dtype=np.int64)
-        free[list(start)] = 0
-        ptr, src, edges, cost, ring, costs, slot_hop, hops = self._flat_tables()
+        used = list(start)
+        taken = np.zeros(self.instance.num_devices)
+        taken[used] = -np.inf
+        ptr, src, edges, cost, ring, costs, slot_hop, hops = self._flat
         inst = self.instance
         out, stopped, reaches = _greedy_kernel(
             np.asarray(start, dtype=np.int64), self._running_time(start), limit, self.static, self.affinity,
             inst.compute, ptr, src, self.edge_weight[edges], cost, ring, costs, inst.ring_start, inst.hops_left,
-            slot_hop, hops, self.beta, self.crowding, self._near_columns, self._near_total, self._near @ free,
-            np.where(free > 0, 0.0, -np.inf))
+            slot_hop, hops, self.beta, self.crowding, self._near_columns, self._near_total,
+            self._near_count - self._near_columns[used].sum(axis=0), taken)  # near links to free devices, as _next_logits
         if stopped >= 0:
             return None
         full = tuple(out.tolist())
@@ -824,9 +825,6 @@ class MappingDecoder:
             if self._reaches.get(full, (math.inf,))[0] > len(start):  # reach of slot k: a function of full[:k]
                 self._reaches[full] = (len(start), reaches)
         return list(full)
-
-    def _flat_tables(self) -> tuple[np.ndarray, ...]:
-        return self._flat
 
     def _build_flat_tables(self) -> tuple[np.ndarray, ...]:
         """_greedy_kernel's view of the decoder: each slot's earlier edges as CSR in edge order (earlier
