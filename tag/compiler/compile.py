@@ -55,8 +55,8 @@ A bundle's plan is its *skeleton* (which device sends which fraction of which ca
 what stays local, what a collective syncs; cached per category kinds and pair of layouts, so all the
 bundles of one kind share it) filled with the bundle's bytes. The search's evaluator
 (:mod:`tag.compiler.evaluate`) compiles strategies as fragments (``_Compiler.group_fragment``, the
-skeletons, ``_Compiler.pair_collectives``) numbered so that assembling them gives this module's TaskGraph
-task for task.
+skeletons, :func:`collective_duration` and :func:`collective_resources`) numbered so that assembling them
+gives this module's TaskGraph task for task.
 """
 
 from __future__ import annotations
@@ -405,19 +405,6 @@ class _Compiler:
         self._persistent_memory([g])
         return blocks
 
-    def _set_blocks(self, block_p: tuple, block_c: tuple | None) -> tuple[int, int]:
-        """Number the compute tasks and tensors of P's block, then C's, as group_fragment returned them;
-        returns the (tasks, tensors) they take."""
-        task_shift, tensor_shift = 0, 0
-        for unit_tasks, unit_tensor, tasks, tensors in (block_p,) if block_c is None else (block_p, block_c):
-            for unit, (first, offsets) in unit_tasks.items():
-                self.unit_tasks[unit] = (first + task_shift, offsets)
-            for unit, first in unit_tensor.items():
-                self.unit_tensor[unit] = first + tensor_shift
-            task_shift += tasks
-            tensor_shift += tensors
-        return task_shift, tensor_shift
-
     def _op_unit(self, groups) -> np.ndarray:
         """[N] unit of each op, with the pieces of the model-parallel groups among ``groups``."""
         op_unit = self.tables.op_unit
@@ -725,30 +712,6 @@ class _Compiler:
                                           b.producer_unit, gradient, (b.producer_group, b.consumer_group, servers,
                                                                       reason)))
 
-    def pair_collectives(self, bundles, layout_p: GroupLayout, layout_c: GroupLayout, block_p: tuple,
-                         block_c: tuple | None, first_task: int, first_tensor: int) -> None:
-        """The collectives of the evaluator's fragment of one pair of groups (P, C) with the given layouts,
-        whose transfers its compiled kernel builds: numbered from ``first_task`` (tensors from
-        ``first_tensor``), after P's compute tasks, C's (``block_p`` and ``block_c``, what
-        :meth:`group_fragment` returned for them; ``block_c`` None when C is P) and the transfers. Records
-        (inserted ops, deliveries) are not kept."""
-        self.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
-        self.records = False
-        self._set_blocks(block_p, block_c)
-        self.first_task, self.first_tensor = first_task, first_tensor
-        for b in bundles:
-            if not self._skeleton(b, layout_p, layout_c).collectives:
-                continue
-            plan = self._plan_bundle(b, layout_p, layout_c)
-            if b.producer_unit != NO_UNIT:
-                p_base, p_offset = self.unit_tasks[b.producer_unit]
-                p_tensor = self.unit_tensor.get(b.producer_unit)
-            else:
-                p_base = p_offset = p_tensor = None
-            self._request_collectives(b, plan, p_base, p_offset, p_tensor,
-                                      [self.unit_tasks[unit] for unit in b.consumer_units])
-        self._emit_collectives()
-
     def _wait_local(self, task: int, p_base: int, p_offset: dict, p_tensor: int | None, device: int) -> None:
         """``task`` waits for, and reads, the producer unit's output on ``device``."""
         k = p_offset[device]
@@ -775,25 +738,10 @@ class _Compiler:
 
     # ------------------------------------------------------------------ collectives
     def _collective_plan(self, op: str, b: Bundle, holders: tuple, nbytes: float, count: int, uses: tuple) -> tuple:
-        n = len(holders)
-        servers: tuple[int, ...] = ()
-        if op == "allreduce":
-            bandwidth, latency = self.context.ring(holders)
-            duration = 2.0 * (n - 1) / n * nbytes / bandwidth + count * 2.0 * (n - 1) * latency if nbytes > 0 else 0.0
-        else:
-            duration = 0.0
-            chosen = []
-            sync_index, use_bytes = self.tables.use_sync_index, self.tables.use_bytes
-            for q in uses:
-                ps = holders[(b.consumer_group + int(sync_index[q])) % n]
-                chosen.append(ps)
-                latency, inverse = self.context.server(holders, ps)
-                size = float(use_bytes[q])
-                if size > 0:
-                    duration += 2.0 * (latency + size * inverse)
-            servers = tuple(sorted(set(chosen)))
+        duration, servers = collective_duration(self.context, op, holders, b.consumer_group, nbytes, count, uses)
         gradient = self._feeds_optimizer(uses)
-        return op, holders, nbytes, count, duration, uses, servers, gradient, self._sync_reason(op, b, n, gradient)
+        return (op, holders, nbytes, count, duration, uses, servers, gradient,
+                self._sync_reason(op, b, len(holders), gradient))
 
     def _feeds_optimizer(self, uses: tuple[int, ...]) -> bool:
         role, consumers = self.tables.op_graph.role, self.tables.use_consumers
@@ -806,9 +754,7 @@ class _Compiler:
         for request in requests:
             group_p, group_c, servers, reason = request.record
             task = self._task(TASK_COLLECTIVE, request.duration, request.devices[0], NO_TASK, request.nbytes,
-                              _COLLECTIVE_CODES[request.op], group_c,
-                              tuple(self.num_devices + d for d in request.devices)
-                              + (self.context.collective_nics(request.devices) if COLLECTIVES_HOLD_NICS else ()),
+                              _COLLECTIVE_CODES[request.op], group_c, collective_resources(self.context, request.devices),
                               f"{'AR' if request.op == 'allreduce' else 'PS'}{group_c}")
             for source, tensor in request.producers:
                 self.dep_task.append(task)
@@ -993,6 +939,41 @@ class _Compiler:
         self.unit_tasks = {unit: (ids[first], offsets) for unit, (first, offsets) in self.unit_tasks.items()}
         self.deliveries = [(ids[d[0]],) + tuple(d[1:]) for d in self.deliveries]
         self.inserted = [op._replace(tasks=tuple(ids[t] for t in op.tasks)) for op in self.inserted]
+
+
+def collective_duration(context: ClusterContext, op: str, holders: tuple[int, ...], consumer_group: int, nbytes: float,
+                        count: int, uses: tuple[int, ...]) -> tuple[float, tuple[int, ...]]:
+    """(seconds, parameter servers) of one collective over ``holders`` syncing ``nbytes`` in ``count`` tensors
+    (the uses ``uses``) for ``consumer_group``: a ring all-reduce, or PS push + pull with each parameter's
+    server chosen round robin (no servers for an all-reduce)."""
+    n = len(holders)
+    if op == "allreduce":
+        bandwidth, latency = context.ring(holders)
+        duration = 2.0 * (n - 1) / n * nbytes / bandwidth + count * 2.0 * (n - 1) * latency if nbytes > 0 else 0.0
+        return duration, ()
+    duration = 0.0
+    chosen = []
+    sync_index, use_bytes = context.tables.use_sync_index, context.tables.use_bytes
+    for q in uses:
+        ps = holders[(consumer_group + int(sync_index[q])) % n]
+        chosen.append(ps)
+        latency, inverse = context.server(holders, ps)
+        size = float(use_bytes[q])
+        if size > 0:
+            duration += 2.0 * (latency + size * inverse)
+    return duration, tuple(sorted(set(chosen)))
+
+
+def collective_resources(context: ClusterContext, devices: tuple[int, ...]) -> tuple[int, ...]:
+    """The resources a collective over ``devices`` holds: their comm streams, and with
+    ``COLLECTIVES_HOLD_NICS`` the NICs of its machines when it spans several (cached per device tuple)."""
+    found = context.collective_held.get(devices)
+    if found is None:
+        found = tuple(context.cluster.num_devices + d for d in devices)
+        if COLLECTIVES_HOLD_NICS:
+            found += context.collective_nics(devices)
+        context.collective_held[devices] = found
+    return found
 
 
 class _BundlePlan(NamedTuple):

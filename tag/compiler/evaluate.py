@@ -17,8 +17,9 @@ built with numpy and every pair's transfers by the compiled kernel :func:`_pair_
 compiler's bundle skeletons (``_Compiler._skeleton``: which device sends which fraction of which category
 to which, shared by every bundle of a kind). A model-parallel side is one more block to it (a task per
 piece, its units the pieces), with bundles made per pair of layouts by pieces; model-parallel groups (their
-METIS pieces) and the collectives go through the compiler's own Python (``_Compiler.group_fragment``,
-``pair_collectives``).
+METIS pieces) go through the compiler's own Python (``_Compiler.group_fragment``). A pair's collectives
+take the compiler's durations and resources (:func:`~tag.compiler.compile.collective_duration`,
+:func:`~tag.compiler.compile.collective_resources`) and their dependencies from :func:`_pair_collectives`.
 
 Fragments are stored with dependency and tensor lags (:class:`tag.sim.taskgraph.Lags`). At ``"merged"``
 granularity a group fragment's chunks are merged into one task per part and replica
@@ -54,9 +55,10 @@ from tag.cost import CostModel
 from tag.grouping import GroupGraph
 from tag.sim.kernels import _jit, list_schedule, merge_chunks, peak_memory, successor_lists
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
-from tag.sim.taskgraph import RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_TRANSFER
+from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
+                               TASK_TRANSFER)
 from tag.strategy import BATCH_SPLITS, Strategy, device_group_sizes
-from tag.compiler.compile import ADAM_COPIES, _Compiler
+from tag.compiler.compile import ADAM_COPIES, _Compiler, collective_duration, collective_resources
 from tag.compiler.errors import CompileError
 from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout
 from tag.compiler.tables import GRANULARITIES, Bundle, CompilerTables, compiler_tables
@@ -237,7 +239,6 @@ class _GroupBlock(NamedTuple):
     task_device: np.ndarray  # [tasks] device of each compute task
     index: np.ndarray  # [D] replica of each device, -1 (all -1 for a model-parallel group)
     tensor_first: np.ndarray  # [units or pieces of the group] first output tensor of each, -1 if none
-    dicts: tuple | None  # what _Compiler.group_fragment returns, built when the Python path needs it
 
 
 class StrategyEvaluator:
@@ -424,7 +425,7 @@ class StrategyEvaluator:
                 layout, block[2], block[3], num_merged, new_id, start_lag, end_lag, 1,
                 np.array([piece.device for piece in layout.pieces], dtype=np.int64),
                 np.full(self.cluster.num_devices, -1, dtype=np.int64),
-                np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64), block))
+                np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64)))
             return fragment
         rows, tensor_first, compute_tensors = self._replica_rows(layout)
         merged, new_id, start_lag, end_lag = self._merge_group(rows, rows.pop("merge_key"))
@@ -435,7 +436,7 @@ class StrategyEvaluator:
         index[list(layout.devices)] = np.arange(len(layout.devices))
         self._block_of.append(_GroupBlock(layout, tasks, compute_tensors, num_merged, new_id, start_lag, end_lag,
                                           len(layout.devices), np.asarray(rows["res"], dtype=np.int64), index,
-                                          tensor_first, None))
+                                          tensor_first))
         return fragment
 
     def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, Any, Any, Any]:
@@ -557,21 +558,6 @@ class StrategyEvaluator:
                                                      np.array([b for _, b in pairs], dtype=np.int64))
         return found
 
-    def _block_dicts(self, fragment: int) -> tuple:
-        """What ``_Compiler.group_fragment`` returns for a group fragment's block (built when the Python path
-        needs it)."""
-        block = self._block_of[fragment]
-        if block.dicts is None:
-            layout = block.layout
-            r = len(layout.devices)
-            offsets = self.context.offsets(layout.devices)
-            units = self.tables.group_units[layout.group].tolist()
-            dicts = ({u: (k * r, offsets) for k, u in enumerate(units)},
-                     {u: int(first) for u, first in zip(units, block.tensor_first.tolist()) if first >= 0},
-                     block.tasks, block.tensors)
-            block = self._block_of[fragment] = block._replace(dicts=dicts)
-        return block.dicts
-
     def _compile_pair(self, fragment_p: int, fragment_c: int, prepared: tuple) -> int:
         """The pair fragment of two group fragments, from their :meth:`_pair_skeletons` and those skeletons'
         rows in the skeleton store."""
@@ -607,11 +593,11 @@ class StrategyEvaluator:
 
     def _pair_rows(self, fragment_p: int, fragment_c: int, same: bool, blocks: tuple,
                    prepared: tuple) -> tuple[dict, int]:
-        """A pair fragment, the same as ``_Compiler.pair_fragment``: transfers by :func:`_pair_transfers`,
-        collectives (few) by the compiler, from ``prepared``: the :meth:`_pair_skeletons` and the skeletons'
-        rows in the store."""
+        """A pair fragment's tasks as ``_Compiler._pair`` and ``_emit_collectives`` make them: transfers by
+        :func:`_pair_transfers`, then collectives by :meth:`_collective_rows`, from ``prepared``: the
+        :meth:`_pair_skeletons` and the skeletons' rows in the store."""
         block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
-        layout_p, layout_c = block_p.layout, block_c.layout
+        layout_c = block_c.layout
         compiler, static, skeletons, skeleton_rows = prepared
         (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
          representatives) = static
@@ -639,21 +625,54 @@ class StrategyEvaluator:
         }
         if not any(sk.collectives for sk in skeletons):
             return rows, transfers
-        compiler.pair_collectives(bundles, layout_p, layout_c, self._block_dicts(fragment_p),
-                                  None if same else self._block_dicts(fragment_c), first_task + transfers,
-                                  first_tensor + transfers)
+        c_duration, c_nres, c_res, c_dep_task, c_dep_on, c_read_tensor, c_read_task = self._collective_rows(
+            static, skeletons, block_p, block_c, 0 if same else blocks[0], first_task + transfers)
+        collectives = len(c_duration)
         rows.update({  # the collectives' tasks, dependencies and reads (they add no tensors)
-            "duration": np.concatenate([duration, compiler.duration]),
-            "kind": np.concatenate([np.full(transfers, TASK_TRANSFER, dtype=np.int8), compiler.kind]),
-            "group": np.concatenate([np.full(transfers, layout_c.group), compiler.group]),
-            "nres": np.concatenate([nres, [len(r) for r in compiler.res]]),
-            "res": np.concatenate([res, [r for held in compiler.res for r in held]]),
-            "dep_task": np.concatenate([dep_task, compiler.dep_task]),
-            "dep_on": np.concatenate([dep_on, compiler.dep_on]),
-            "read_tensor": np.concatenate([read_tensor, compiler.read_tensor]),
-            "read_task": np.concatenate([read_task, compiler.read_task]),
+            "duration": np.concatenate([duration, c_duration]),
+            "kind": np.concatenate([np.full(transfers, TASK_TRANSFER, dtype=np.int8),
+                                    np.full(collectives, TASK_COLLECTIVE, dtype=np.int8)]),
+            "group": np.full(transfers + collectives, layout_c.group),
+            "nres": np.concatenate([nres, c_nres]), "res": np.concatenate([res, c_res]),
+            "dep_task": np.concatenate([dep_task, c_dep_task]), "dep_on": np.concatenate([dep_on, c_dep_on]),
+            "read_tensor": np.concatenate([read_tensor, c_read_tensor]),
+            "read_task": np.concatenate([read_task, c_read_task]),
         })
         return rows, transfers
+
+    def _collective_rows(self, static: tuple, skeletons: list, block_p: _GroupBlock, block_c: _GroupBlock,
+                         c_shift: int, first_task: int) -> tuple:
+        """The collectives of a pair fragment, as ``_Compiler`` emits them (bundle by bundle, category by
+        category; no fusion), numbered from ``first_task``: (duration, nres, res, dep_task, dep_on,
+        read_tensor, read_task)."""
+        bundles, unit, _, consumer_ptr, consumer, _, _, kind_of, _ = static
+        context = self.context
+        which: list[int] = []  # [K] bundle of each collective
+        duration: list[float] = []
+        nres: list[int] = []
+        res: list[int] = []
+        holder_ptr = [0]
+        holder_devices: list[int] = []
+        for i, kind in enumerate(kind_of.tolist()):
+            skeleton = skeletons[kind]
+            if not skeleton.collectives:
+                continue
+            b, holders = bundles[i], skeleton.holders
+            held = collective_resources(context, holders)
+            for k, op in skeleton.collectives:
+                which.append(i)
+                duration.append(collective_duration(context, op, holders, b.consumer_group, b.nbytes[k], b.count[k],
+                                                     b.uses[k])[0])
+                nres.append(len(held))
+                res.extend(held)
+                holder_devices.extend(holders)
+                holder_ptr.append(len(holder_devices))
+        deps = _pair_collectives(
+            np.array(which, dtype=np.int64), np.array(holder_ptr, dtype=np.int64),
+            np.array(holder_devices, dtype=np.int64), unit, consumer_ptr, consumer, block_p.replicas, block_p.index,
+            block_p.task_device, block_p.tensor_first, block_c.replicas, c_shift, first_task)
+        return (np.array(duration, dtype=np.float64), np.array(nres, dtype=np.int64), np.array(res, dtype=np.int64),
+                *deps)
 
     def _bundle_arrays(self, bundles: list, layout_p: GroupLayout, layout_c: GroupLayout) -> tuple:
         """Bundles of a pair of groups as arrays for :func:`_pair_transfers`: (bundles, producer unit's index
@@ -1047,6 +1066,48 @@ def _pair_transfers(bundle_unit, bundle_category, bundle_consumer_ptr, bundle_co
     tensor_producer = first_task + np.arange(tasks)
     return (duration, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device, tensor_bytes,
             tensor_producer, read_tensor[:q].copy(), read_task[:q].copy())
+
+
+@_jit
+def _pair_collectives(which, holder_ptr, holders, bundle_unit, bundle_consumer_ptr, bundle_consumer, p_replicas,
+                      p_index, p_task_device, p_tensor, r_c, c_shift, first_task):
+    """The dependencies and reads of a pair fragment's K collectives (``_Compiler._emit_collectives``, in its
+    order): collective j (task ``first_task + j``, of bundle ``which[j]``, over the devices
+    ``holders[holder_ptr[j]:holder_ptr[j + 1]]``) waits for the producer unit's replica on each holder and
+    reads its output there; every replica of every consumer unit waits for the collective. Blocks as in
+    :func:`_pair_transfers`. Returns (dep_task, dep_on, read_tensor, read_task)."""
+    deps = 0
+    for j in range(which.size):
+        b = which[j]
+        deps += holder_ptr[j + 1] - holder_ptr[j] + (bundle_consumer_ptr[b + 1] - bundle_consumer_ptr[b]) * r_c
+    dep_task = np.empty(deps, dtype=np.int64)
+    dep_on = np.empty(deps, dtype=np.int64)
+    read_tensor = np.empty(deps, dtype=np.int64)
+    read_task = np.empty(deps, dtype=np.int64)
+    e = 0
+    q = 0
+    for j in range(which.size):
+        b = which[j]
+        task = first_task + j
+        unit = bundle_unit[b]
+        if unit >= 0:
+            p_first = p_tensor[unit]
+            for h in range(holder_ptr[j], holder_ptr[j + 1]):
+                replica = _replica(unit, holders[h], p_replicas, p_index, p_task_device)
+                dep_task[e] = task
+                dep_on[e] = unit * p_replicas + replica
+                e += 1
+                if p_first >= 0:
+                    read_tensor[q] = p_first + replica
+                    read_task[q] = task
+                    q += 1
+        for c in range(bundle_consumer_ptr[b], bundle_consumer_ptr[b + 1]):
+            c_first = c_shift + bundle_consumer[c] * r_c
+            for r in range(r_c):
+                dep_task[e] = c_first + r
+                dep_on[e] = task
+                e += 1
+    return dep_task[:e].copy(), dep_on[:e].copy(), read_tensor[:q].copy(), read_task[:q].copy()
 
 
 @_jit

@@ -83,6 +83,7 @@ class ClusterContext:
     rings: dict = field(default_factory=dict)
     servers: dict = field(default_factory=dict)
     hops: dict = field(default_factory=dict)  # (src, dst) -> bandwidth of that one hop alone (hop_bandwidths)
+    collective_held: dict = field(default_factory=dict)  # devices -> resources a collective over them holds
     mp_splits: dict = field(default_factory=dict)
     mp_cuts: dict = field(default_factory=dict)  # (group, device types) -> its model-parallel cut (_cut_group)
     mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them
