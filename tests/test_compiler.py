@@ -407,18 +407,22 @@ def test_evaluator_equals_compile_then_simulate_fast(model, cluster_name, granul
 def test_fragment_references_are_stored_by_segment():
     """The arena keeps a reference as (segment, index in it) so that assembly places it with one look-up:
     by hand, P's block of 3 tasks, an empty C block (a group's pair with itself), 2 early own tasks, then
-    late ones; decoded with each segment's global first task, every reference lands on its task."""
+    late ones; decoded with each segment's global first task, every reference lands on its task. A second
+    fragment stored in the same call (P's block of 2, C's of 2, no early tasks) keeps its own segments."""
     from tag.compiler.evaluate import _SEGMENT_SHIFT, _IN_SEGMENT, _segmented
 
-    refs = np.array([0, 2, 3, 4, 5, 7, -1])
-    stored = _segmented(refs, 3, 3, 5)
+    refs = np.array([0, 2, 3, 4, 5, 7, -1, 1, 2, 3, 4, 6])
+    ends = np.array([[3, 3, 5]] * 7 + [[2, 4, 4]] * 5)
+    stored = _segmented(refs, ends)
     segment, index = stored >> _SEGMENT_SHIFT, stored & _IN_SEGMENT
-    np.testing.assert_array_equal(segment[:-1], [0, 0, 2, 2, 3, 3])
-    np.testing.assert_array_equal(index[:-1], [0, 2, 0, 1, 0, 2])
-    assert stored[-1] == -1  # no producer
+    np.testing.assert_array_equal(segment[:6], [0, 0, 2, 2, 3, 3])
+    np.testing.assert_array_equal(index[:6], [0, 2, 0, 1, 0, 2])
+    assert stored[6] == -1  # no producer
     base = np.array([100, 200, 300, 400])  # global first task of P's block, C's block, early own, late own
     expected = [100, 102, 300, 301, 400, 402]
-    np.testing.assert_array_equal(base[segment[:-1]] + index[:-1], expected)
+    np.testing.assert_array_equal(base[segment[:6]] + index[:6], expected)
+    np.testing.assert_array_equal(segment[7:], [0, 1, 1, 3, 3])
+    np.testing.assert_array_equal(index[7:], [1, 0, 1, 0, 2])
 
 
 def test_parameter_server_costs_equal_hop_bandwidths(bert_tiny):

@@ -91,7 +91,7 @@ from tag.sim import (
 )
 from tag.strategy import OPTIONS, PS, Strategy, device_group_sizes
 from tag.compiler.errors import CompileError
-from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout
+from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, compute_block, group_layout
 from tag.compiler.tables import (
     DEMAND_SUM,
     GRANULARITIES,
@@ -459,7 +459,7 @@ class _Compiler:
     # ------------------------------------------------------------------ compute tasks
     def _replica_tasks(self, g: int) -> None:
         layout = self.layouts[g]
-        durations, devices, labels, out = layout.block
+        durations, devices, labels, out = compute_block(self.tables, self.context, layout)
         base = len(self.kind)
         n = len(durations)
         self.kind.extend([TASK_COMPUTE] * n)

@@ -99,8 +99,10 @@ class _Columns:
         for name, (dtype, table) in self.specs.items():
             start, count = first[table], counts[table]
             column = self.columns[name]
-            if start + count > column.size:
-                column = self.columns[name] = np.resize(column, max(2 * column.size, start + count))
+            if start + count > column.size:  # the rows in use move to a column twice as long (or enough)
+                grown = np.empty(max(2 * column.size, start + count), dtype=column.dtype)
+                grown[:start] = column[:start]
+                column = self.columns[name] = grown
             values = rows.get(name)
             if values is not None:
                 column[start:start + count] = values
@@ -113,40 +115,76 @@ class _Columns:
 
 
 class _Arena(_Columns):
-    """Every fragment compiled so far, as columns, and the fragment table [F, _META]."""
+    """Every fragment compiled so far, as columns, and the fragment table [F, _META]. The lag columns exist
+    only where chunks are merged (``lagged``); elsewhere their views are empty."""
 
-    def __init__(self) -> None:
+    _LAGS = {"dep_lag": (np.float64, "dep"), "alloc_lag": (np.float64, "tensor"),
+             "free_lag": (np.float64, "tensor"), "read_lag": (np.float64, "read")}
+
+    def __init__(self, lagged: bool) -> None:
         super().__init__({
             "duration": (np.float64, "task"), "kind": (np.int8, "task"), "group": (np.int32, "task"),
-            "dep_lag": (np.float64, "dep"), "alloc_lag": (np.float64, "tensor"), "free_lag": (np.float64, "tensor"),
-            "read_lag": (np.float64, "read"),
             "nres": (np.int32, "task"), "res": (np.int32, "res"), "dep_task": (np.int32, "dep"),
             "dep_on": (np.int32, "dep"), "tensor_device": (np.int32, "tensor"),
             "tensor_bytes": (np.float64, "tensor"), "tensor_producer": (np.int32, "tensor"),
             "tensor_persistent": (np.bool_, "tensor"), "read_tensor": (np.int32, "read"),
-            "read_task": (np.int32, "read"),
+            "read_task": (np.int32, "read"), **(self._LAGS if lagged else {}),
         })
-        self.meta = np.zeros((256, _META), dtype=np.int64)  # [F, _META]
-        self.num_fragments = 0
+        self.meta = np.zeros((256, _META), dtype=np.int64)  # [F, _META] of the stored fragments
+        self.num_fragments = 0  # fragments with an id
+        self.stored = 0  # of which stored (the rest are queued, in order)
+        self.pending: list[tuple[dict, tuple, int]] = []  # queued fragments: (rows, blocks, early own tasks)
+
+    def view(self, name: str) -> np.ndarray:
+        if name not in self.columns and name in self._LAGS:
+            return np.empty(0, dtype=np.float64)
+        return super().view(name)
 
     def add(self, rows: dict[str, Any], blocks: tuple[int, int, int, int], early: int) -> int:
-        """Store one fragment (its columns as lists or arrays, references numbered as in the fragment table)
-        and return its id."""
-        counts = {"task": len(rows["duration"]), "res": len(rows["res"]), "dep": len(rows["dep_task"]),
-                  "tensor": len(rows["tensor_device"]), "read": len(rows["read_tensor"])}
-        block_p, block_c, tblock_p, tblock_c = blocks
-        ends = (block_p, block_p + block_c, block_p + block_c + early)
-        rows = dict(rows, read_tensor=_segmented(np.asarray(rows["read_tensor"], dtype=np.int64), tblock_p,
-                                                 tblock_p + tblock_c, _IN_SEGMENT + 1),
-                    **{name: _segmented(np.asarray(rows[name], dtype=np.int64), *ends) for name in _TASK_REFS})
-        first = self.extend(rows, counts)
-        if self.num_fragments == self.meta.shape[0]:
-            self.meta = np.resize(self.meta, (2 * self.meta.shape[0], _META))
-        self.meta[self.num_fragments] = (first["task"], counts["task"], early, first["res"], counts["res"],
-                                         first["dep"], counts["dep"], first["tensor"], counts["tensor"],
-                                         first["read"], counts["read"], *blocks)
+        """Queue one fragment (its columns as lists or arrays, references numbered as in the fragment table)
+        and return its id; :meth:`flush` stores the queued ones."""
+        self.pending.append((rows, blocks, early))
         self.num_fragments += 1
         return self.num_fragments - 1
+
+    def flush(self) -> None:
+        """Store the queued fragments, in order, with one append per column (an evaluation brings tens)."""
+        pending = self.pending
+        if not pending:
+            return
+        self.pending = []
+        f = len(pending)
+        tables = ("task", "res", "dep", "tensor", "read")
+        first_column = {"task": "duration", "res": "res", "dep": "dep_task", "tensor": "tensor_device",
+                        "read": "read_tensor"}
+        counts = np.array([[len(rows[first_column[table]]) for table in tables] for rows, _, _ in pending],
+                          dtype=np.int64)  # [F, 5]
+        blocks = np.array([b for _, b, _ in pending], dtype=np.int64)  # [F, 4]
+        early = np.array([e for _, _, e in pending], dtype=np.int64)  # [F]
+        merged = {}
+        for name, (dtype, table) in self.specs.items():
+            if all(name not in rows for rows, _, _ in pending):
+                continue
+            column = tables.index(table)
+            merged[name] = np.concatenate([np.asarray(rows[name], dtype=dtype) if name in rows
+                                           else np.zeros(counts[k, column], dtype=dtype)
+                                           for k, (rows, _, _) in enumerate(pending)])
+        # task references: [P's block | C's block | early own | late own]; tensor references: [P | C | own]
+        task_ends = np.stack([blocks[:, 0], blocks[:, 0] + blocks[:, 1], blocks[:, 0] + blocks[:, 1] + early], axis=1)
+        tensor_ends = np.stack([blocks[:, 2], blocks[:, 2] + blocks[:, 3],
+                                np.full(f, _IN_SEGMENT + 1, dtype=np.int64)], axis=1)
+        for name in _TASK_REFS + ("read_tensor",):
+            ends = tensor_ends if name == "read_tensor" else task_ends
+            merged[name] = _segmented(merged[name].astype(np.int64),
+                                      np.repeat(ends, counts[:, tables.index(self.specs[name][1])], axis=0))
+        first = self.extend(merged, dict(zip(tables, counts.sum(axis=0).tolist())))
+        starts = np.array([first[table] for table in tables], dtype=np.int64) + np.cumsum(counts, axis=0) - counts
+        if self.stored + f > self.meta.shape[0]:
+            self.meta = np.resize(self.meta, (max(2 * self.meta.shape[0], self.stored + f), _META))
+        self.meta[self.stored:self.stored + f] = np.column_stack([
+            starts[:, 0], counts[:, 0], early, starts[:, 1], counts[:, 1], starts[:, 2], counts[:, 2],
+            starts[:, 3], counts[:, 3], starts[:, 4], counts[:, 4], blocks])
+        self.stored += f
 
 
 class _Skeletons(_Columns):
@@ -296,10 +334,11 @@ class StrategyEvaluator:
         self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * d
         self._pair_static: dict[tuple[int, int], tuple] = {}
         self._local_pair_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._skeleton_compiler = self._compiler()  # makes the pairs' bundles and skeletons (_pair_skeletons)
         self._clear()
 
     def _clear(self) -> None:
-        self._arena = _Arena()
+        self._arena = _Arena(self._merging)
         self._group_fragments: list[dict] = [{} for _ in range(self.group_graph.num_groups)]  # [G] key -> id
         self._pair_fragments: dict[tuple[int, int], int] = {}  # (group fragment of P, of C) -> id
         self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
@@ -398,11 +437,11 @@ class StrategyEvaluator:
         if misses:
             # the skeletons of every new pair first, stored in one go; then the fragments, in pair order
             prepared = [self._pair_skeletons(*key) for _, key in misses]
-            rows = self._skeletons.ids_of([skeleton for _, _, skeletons in prepared for skeleton in skeletons])
+            rows = self._skeletons.ids_of([skeleton for _, skeletons in prepared for skeleton in skeletons])
             end = 0
-            for (k, key), (compiler, static, skeletons) in zip(misses, prepared):
+            for (k, key), (static, skeletons) in zip(misses, prepared):
                 start, end = end, end + len(skeletons)
-                ids[k] = cache[key] = self._compile_pair(*key, (compiler, static, skeletons, rows[start:end]))
+                ids[k] = cache[key] = self._compile_pair(*key, (static, skeletons, rows[start:end]))
         self._last_ids = (groups, ids)
         return ids
 
@@ -517,7 +556,7 @@ class StrategyEvaluator:
         devices = np.array(layout.devices, dtype=np.int64)  # [R]
         r = devices.size
         units = tables.group_units[g]
-        out = np.array(layout.block[3]).reshape(units.size, r)  # [units, R] output bytes of each task
+        out = layout.out  # [units, R] output bytes of each task
         has_out = out[:, 0] > 0  # [units] a unit outputs on every replica or on none
         tensor_first = np.where(has_out, (np.cumsum(has_out) - has_out) * r, -1)  # [units]
         replica = np.arange(r)
@@ -570,14 +609,14 @@ class StrategyEvaluator:
         self._block_of.append(None)
         return fragment
 
-    def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[_Compiler, tuple, list]:
-        """What a pair fragment is made from: a compiler holding the two layouts, the bundles as arrays
-        (:meth:`_bundle_arrays`) and the skeleton of each kind of bundle. The bundles of two replicated layouts
-        are static (their arrays cached per pair); with a model-parallel side they are made per pair of layouts,
-        by pieces."""
+    def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[tuple, list]:
+        """What a pair fragment is made from: the bundles as arrays (:meth:`_bundle_arrays`) and the skeleton
+        of each kind of bundle. The bundles of two replicated layouts are static (their arrays cached per
+        pair); with a model-parallel side they are made per pair of layouts, by pieces. One compiler, given
+        the pair's two layouts, makes them (its caches are the context's)."""
         layout_p, layout_c = self._block_of[fragment_p].layout, self._block_of[fragment_c].layout
         pair = (layout_p.group, layout_c.group)
-        compiler = self._compiler()
+        compiler = self._skeleton_compiler
         compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
         if layout_p.model_parallel or layout_c.model_parallel:
             mp = {g: layout.model_parallel for g, layout in compiler.layouts.items()}
@@ -589,7 +628,7 @@ class StrategyEvaluator:
                 static = self._pair_static[pair] = self._bundle_arrays(self.tables.bundles.get(pair, []), layout_p,
                                                                        layout_c)
         # a skeleton depends on a bundle only through its kind (_bundle_arrays)
-        return compiler, static, [compiler._skeleton(b, layout_p, layout_c) for b in static[-1]]
+        return static, [compiler._skeleton(b, layout_p, layout_c) for b in static[-1]]
 
     def _pair_rows(self, fragment_p: int, fragment_c: int, same: bool, blocks: tuple,
                    prepared: tuple) -> tuple[dict, int]:
@@ -598,7 +637,7 @@ class StrategyEvaluator:
         :meth:`_pair_skeletons` and the skeletons' rows in the store."""
         block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
         layout_c = block_c.layout
-        compiler, static, skeletons, skeleton_rows = prepared
+        static, skeletons, skeleton_rows = prepared
         (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
          representatives) = static
         store = self._skeletons
@@ -727,8 +766,9 @@ class StrategyEvaluator:
     # ------------------------------------------------------------------ assembly, memory, feedback
     def _assemble(self, group_ids: list[int], pair_ids: np.ndarray) -> _Assembled:
         arena = self._arena
+        arena.flush()
         view = arena.view
-        out = _assemble(arena.meta[:arena.num_fragments], self._group_order, np.array(group_ids, dtype=np.int64),
+        out = _assemble(arena.meta[:arena.stored], self._group_order, np.array(group_ids, dtype=np.int64),
                         np.asarray(pair_ids, dtype=np.int64), self._pair_p, self._pair_c, view("duration"),
                         view("kind"), view("group"), view("nres"), view("res"), view("dep_task"), view("dep_on"),
                         view("dep_lag"), view("tensor_device"), view("tensor_bytes"), view("tensor_producer"),
@@ -765,13 +805,14 @@ def _without_self_dependencies(rows: dict) -> dict:
 
 
 @_jit
-def _segmented(refs, end_0, end_1, end_2):
-    """References [n] numbered across consecutive segments (the first ending before ``end_0``, the next
-    before ``end_1``, then ``end_2``, the last open-ended; an empty one is skipped) as
-    (segment << _SEGMENT_SHIFT) | index in it, int32; a negative reference (none) stays -1."""
+def _segmented(refs, ends):
+    """References [n] numbered across consecutive segments (reference i's first segment ending before
+    ``ends[i, 0]``, the next before ``ends[i, 1]``, then ``ends[i, 2]``, the last open-ended; an empty one
+    is skipped) as (segment << _SEGMENT_SHIFT) | index in it, int32; a negative reference (none) stays -1."""
     out = np.empty(refs.size, dtype=np.int32)
     for i in range(refs.size):
         ref = refs[i]
+        end_0, end_1, end_2 = ends[i, 0], ends[i, 1], ends[i, 2]
         if ref < 0:
             out[i] = -1
         elif ref < end_0:

@@ -27,7 +27,7 @@ from tag.grouping import quotient_is_dag, split_group
 from tag.strategy import MODEL_PARALLEL, SYNC_OPTIONS, Strategy
 from tag.compiler.tables import CompilerTables
 
-__all__ = ["GroupLayout", "Piece", "ClusterContext", "cluster_context", "group_layout"]
+__all__ = ["GroupLayout", "Piece", "ClusterContext", "cluster_context", "compute_block", "group_layout"]
 
 _MAX_CACHED_LAYOUTS = 100_000  # group layouts kept per (grouping, cluster) before the cache is emptied
 
@@ -58,7 +58,7 @@ class GroupLayout(NamedTuple):
     op_device: dict | None = None  # model-parallel only: op id -> device
     op_piece: dict | None = None  # model-parallel only: op id -> index into pieces
     key: tuple = ()  # (group, placement row, option, batch split): equal keys, equal layouts
-    block: tuple = ()  # compute tasks, unit-major: (durations, devices, labels, output bytes) lists
+    out: np.ndarray | None = None  # [units of the group, R] output bytes of each compute task (not model-parallel)
 
     @property
     def model_parallel(self) -> bool:
@@ -74,6 +74,7 @@ class ClusterContext:
     beta: list[list[float]]  # [D][D] point-to-point bandwidth, capped by the NICs between machines
     alpha: list[list[float]]  # [D][D] latency
     type_index: list[int]  # [D] index into cluster.types
+    type_array: np.ndarray  # [D] the same, as an array
     machine: list[int]  # [D]
     nic_out: list[int]  # [D] resource id of the device machine's NIC-out, -1 if unlimited
     nic_in: list[int]  # [D]
@@ -84,6 +85,7 @@ class ClusterContext:
     servers: dict = field(default_factory=dict)
     hops: dict = field(default_factory=dict)  # (src, dst) -> bandwidth of that one hop alone (hop_bandwidths)
     collective_held: dict = field(default_factory=dict)  # devices -> resources a collective over them holds
+    blocks: dict = field(default_factory=dict)  # layout key -> its compute tasks as lists (compute_block)
     mp_splits: dict = field(default_factory=dict)
     mp_cuts: dict = field(default_factory=dict)  # (group, device types) -> its model-parallel cut (_cut_group)
     mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them
@@ -164,6 +166,7 @@ def _make_context(cluster: Cluster, tables: CompilerTables) -> ClusterContext:
              for b in range(d)] for a in range(d)]
     return ClusterContext(cluster=cluster, tables=tables, beta=bandwidth.tolist(),
                           alpha=np.asarray(cluster.latency).tolist(), type_index=np.asarray(cluster.device_type).tolist(),
+                          type_array=np.asarray(cluster.device_type, dtype=np.int64),
                           machine=machine.tolist(), nic_out=nic_out, nic_in=nic_in, nics=nics,
                           speed=cluster.peak_flops(), compute_resources=[(k,) for k in range(d)])
 
@@ -177,25 +180,24 @@ def group_layout(tables: CompilerTables, context: ClusterContext, strategy: Stra
     if layout is None:
         if len(context.layouts) > _MAX_CACHED_LAYOUTS:
             context.layouts.clear()
-        layout = _make_layout(tables, context, group, mask, option, strategy.batch_split)
-        layout = layout._replace(key=key, block=_compute_block(tables, layout))
+            context.blocks.clear()
+        layout = _make_layout(tables, context, group, mask, option, strategy.batch_split)._replace(key=key)
         context.layouts[key] = layout
     return layout
 
 
-def _compute_block(tables: CompilerTables, layout: GroupLayout) -> tuple:
+def compute_block(tables: CompilerTables, context: ClusterContext, layout: GroupLayout) -> tuple:
     """The compute tasks of a replicated group, unit-major then replica: (durations, devices, labels, output
-    bytes), as lists ready to extend the compiler's columns."""
-    if layout.model_parallel:
-        return ()
-    units = tables.group_units[layout.group]
-    r = len(layout.devices)
-    durations = layout.durations.reshape(-1).tolist()
-    devices = list(layout.devices) * len(units)
-    labels = [label for unit in units.tolist() for label in [tables.unit_label[unit]] * r]
-    fraction = np.asarray(layout.fraction)
-    out = (tables.unit_out_rows[units][:, None] * fraction[None, :] + tables.unit_out_fixed[units][:, None])
-    return durations, devices, labels, out.reshape(-1).tolist()
+    bytes), as lists ready to extend the compiler's columns (cached per layout)."""
+    found = context.blocks.get(layout.key)
+    if found is None:
+        units = tables.group_units[layout.group]
+        r = len(layout.devices)
+        labels = [label for unit in units.tolist() for label in [tables.unit_label[unit]] * r]
+        found = (layout.durations.reshape(-1).tolist(), list(layout.devices) * len(units), labels,
+                 layout.out.reshape(-1).tolist())
+        context.blocks[layout.key] = found
+    return found
 
 
 def _make_layout(tables: CompilerTables, context: ClusterContext, group: int, mask: np.ndarray, option: int,
@@ -212,7 +214,7 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, group: int, ma
         lo = np.concatenate([[0.0], hi[:-1]])
     else:
         fraction, lo, hi = np.ones(r), np.zeros(r), np.ones(r)
-    device_types = np.asarray(context.type_index)[devices]
+    device_types = context.type_array[devices]
     units = tables.group_units[group]
     base = dict(group=group, option=option, devices=tuple(devices.tolist()), fraction=tuple(fraction.tolist()),
                 lo=tuple(lo.tolist()), hi=tuple(hi.tolist()), split=split)
@@ -220,7 +222,8 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, group: int, ma
         pieces, op_device, op_piece = _model_parallel_pieces(tables, context, group, tuple(devices.tolist()))
         return GroupLayout(**base, durations=np.zeros((0, r)), pieces=pieces, op_device=op_device, op_piece=op_piece)
     durations = tables.unit_time_fixed[units][:, device_types] + tables.unit_time_scaled[units][:, device_types] * fraction
-    return GroupLayout(**base, durations=durations)
+    out = tables.unit_out_rows[units][:, None] * fraction[None, :] + tables.unit_out_fixed[units][:, None]
+    return GroupLayout(**base, durations=durations, out=out)
 
 
 def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]):
