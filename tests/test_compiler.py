@@ -412,8 +412,8 @@ def test_fragment_references_are_stored_by_segment():
     from tag.compiler.evaluate import _SEGMENT_SHIFT, _IN_SEGMENT, _segmented
 
     refs = np.array([0, 2, 3, 4, 5, 7, -1, 1, 2, 3, 4, 6])
-    ends = np.array([[3, 3, 5]] * 7 + [[2, 4, 4]] * 5)
-    stored = _segmented(refs, ends)
+    ends = np.array([[3, 3, 5], [9, 9, 9], [2, 4, 4]])  # the middle fragment has no references
+    stored = _segmented(refs, np.array([7, 0, 5]), ends)
     segment, index = stored >> _SEGMENT_SHIFT, stored & _IN_SEGMENT
     np.testing.assert_array_equal(segment[:6], [0, 0, 2, 2, 3, 3])
     np.testing.assert_array_equal(index[:6], [0, 2, 0, 1, 0, 2])

@@ -66,6 +66,10 @@ from tag.compiler.tables import GRANULARITIES, Bundle, CompilerTables, compiler_
 __all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
 
 DEFAULT_MAX_CACHED_TASKS = 3_000_000  # tasks kept in the fragment arena (~70 bytes each) before it is emptied
+# Rows each arena column starts with: zeroed pages are mapped as they are first written, so a large start
+# costs no memory until it is used, and spares the copies of many doublings (a search's first hundred
+# evaluations store about half a million tasks, over a million dependencies).
+_ARENA_CAPACITY = 1 << 20
 
 # Columns of the fragment table [F, _META]: where a fragment's rows lie in the arena, and how its references
 # are numbered. Task references: [P's block | C's block | own tasks]; own tasks are "early" ones (a group's
@@ -86,10 +90,10 @@ _TASK_REFS = ("dep_task", "dep_on", "tensor_producer", "read_task")
 class _Columns:
     """Named column arrays that grow by doubling. Each column belongs to a table whose rows it indexes."""
 
-    def __init__(self, specs: dict[str, tuple[type, str]]) -> None:
+    def __init__(self, specs: dict[str, tuple[type, str]], capacity: int = 1024) -> None:
         self.specs = specs  # column -> (dtype, table)
         self.size = dict.fromkeys(sorted({table for _, table in specs.values()}), 0)  # table -> rows
-        self.columns = {name: np.zeros(1024, dtype=dtype) for name, (dtype, _) in specs.items()}
+        self.columns = {name: np.zeros(capacity, dtype=dtype) for name, (dtype, _) in specs.items()}
 
     def extend(self, rows: dict[str, Any], counts: dict[str, int]) -> dict[str, int]:
         """Append ``counts[table]`` rows to every table (``rows[column]``: its new values; a column absent
@@ -129,7 +133,7 @@ class _Arena(_Columns):
             "tensor_bytes": (np.float64, "tensor"), "tensor_producer": (np.int32, "tensor"),
             "tensor_persistent": (np.bool_, "tensor"), "read_tensor": (np.int32, "read"),
             "read_task": (np.int32, "read"), **(self._LAGS if lagged else {}),
-        })
+        }, capacity=_ARENA_CAPACITY)
         self.meta = np.zeros((256, _META), dtype=np.int64)  # [F, _META] of the stored fragments
         self.num_fragments = 0  # fragments with an id
         self.stored = 0  # of which stored (the rest are queued, in order)
@@ -161,22 +165,22 @@ class _Arena(_Columns):
                           dtype=np.int64)  # [F, 5]
         blocks = np.array([b for _, b, _ in pending], dtype=np.int64)  # [F, 4]
         early = np.array([e for _, _, e in pending], dtype=np.int64)  # [F]
+        # task references: [P's block | C's block | early own | late own]; tensor references: [P | C | own]
+        task_ends = np.stack([blocks[:, 0], blocks[:, 0] + blocks[:, 1], blocks[:, 0] + blocks[:, 1] + early], axis=1)
+        tensor_ends = np.stack([blocks[:, 2], blocks[:, 2] + blocks[:, 3],
+                                np.full(f, _IN_SEGMENT + 1, dtype=np.int64)], axis=1)
         merged = {}
         for name, (dtype, table) in self.specs.items():
             if all(name not in rows for rows, _, _ in pending):
                 continue
             column = tables.index(table)
-            merged[name] = np.concatenate([np.asarray(rows[name], dtype=dtype) if name in rows
-                                           else np.zeros(counts[k, column], dtype=dtype)
-                                           for k, (rows, _, _) in enumerate(pending)])
-        # task references: [P's block | C's block | early own | late own]; tensor references: [P | C | own]
-        task_ends = np.stack([blocks[:, 0], blocks[:, 0] + blocks[:, 1], blocks[:, 0] + blocks[:, 1] + early], axis=1)
-        tensor_ends = np.stack([blocks[:, 2], blocks[:, 2] + blocks[:, 3],
-                                np.full(f, _IN_SEGMENT + 1, dtype=np.int64)], axis=1)
-        for name in _TASK_REFS + ("read_tensor",):
-            ends = tensor_ends if name == "read_tensor" else task_ends
-            merged[name] = _segmented(merged[name].astype(np.int64),
-                                      np.repeat(ends, counts[:, tables.index(self.specs[name][1])], axis=0))
+            reference = name in _TASK_REFS or name == "read_tensor"
+            values = np.concatenate([rows[name] if name in rows else np.zeros(counts[k, column], dtype=dtype)
+                                     for k, (rows, _, _) in enumerate(pending)],
+                                    dtype=np.int64 if reference else dtype, casting="unsafe")
+            if reference:
+                values = _segmented(values, counts[:, column], tensor_ends if name == "read_tensor" else task_ends)
+            merged[name] = values
         first = self.extend(merged, dict(zip(tables, counts.sum(axis=0).tolist())))
         starts = np.array([first[table] for table in tables], dtype=np.int64) + np.cumsum(counts, axis=0) - counts
         if self.stored + f > self.meta.shape[0]:
@@ -334,6 +338,7 @@ class StrategyEvaluator:
         self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * d
         self._pair_static: dict[tuple[int, int], tuple] = {}
         self._local_pair_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        self._replica_shapes: dict[tuple, tuple] = {}  # (group, R, units that output) -> _replica_shape
         self._skeleton_compiler = self._compiler()  # makes the pairs' bundles and skeletons (_pair_skeletons)
         self._clear()
 
@@ -554,38 +559,46 @@ class StrategyEvaluator:
         tables = self.tables
         g = layout.group
         devices = np.array(layout.devices, dtype=np.int64)  # [R]
-        r = devices.size
         units = tables.group_units[g]
         out = layout.out  # [units, R] output bytes of each task
         has_out = out[:, 0] > 0  # [units] a unit outputs on every replica or on none
-        tensor_first = np.where(has_out, (np.cumsum(has_out) - has_out) * r, -1)  # [units]
-        replica = np.arange(r)
-        produced = (np.flatnonzero(has_out)[:, None] * r + replica).reshape(-1)  # producer task of each tensor
+        tensor_first, produced, rows = self._replica_shape(g, devices.size, has_out)
         persistent = ADAM_COPIES * tables.group_param_bytes[g]
         persistent_devices = devices if persistent > 0 else devices[:0]
-        src, dst = self._local_pairs(g)  # [L] unit indices: dst reads src
-        dep_task = (dst[:, None] * r + replica).reshape(-1)
-        dep_on = (src[:, None] * r + replica).reshape(-1)
-        reads = has_out[src]
-        tasks = units.size * r
-        if tables.unit_part is None:
-            merge_key = np.full(tasks, -1, dtype=np.int64)
-        else:
-            merge_key = (tables.unit_part[units][:, None] * self.cluster.num_devices + devices).reshape(-1)
-        rows = {
-            "duration": layout.durations.reshape(-1), "kind": np.zeros(tasks, dtype=np.int8),
-            "group": np.full(tasks, g), "merge_key": merge_key,
-            "nres": np.ones(tasks, dtype=np.int64), "res": np.tile(devices, units.size),
-            "dep_task": dep_task, "dep_on": dep_on,
-            "tensor_device": np.concatenate([np.tile(devices, int(has_out.sum())), persistent_devices]),
-            "tensor_bytes": np.concatenate([out[has_out].reshape(-1), np.full(persistent_devices.size, persistent)]),
-            "tensor_producer": np.concatenate([produced, np.full(persistent_devices.size, -1)]),
-            "tensor_persistent": np.concatenate([np.zeros(produced.size, dtype=bool),
-                                                 np.ones(persistent_devices.size, dtype=bool)]),
-            "read_tensor": (tensor_first[src[reads]][:, None] + replica).reshape(-1),
-            "read_task": (dst[reads][:, None] * r + replica).reshape(-1),
-        }
+        rows = dict(rows, duration=layout.durations.reshape(-1), res=np.tile(devices, units.size),
+                    tensor_device=np.concatenate([np.tile(devices, produced.size // devices.size), persistent_devices]),
+                    tensor_bytes=np.concatenate([out[has_out].reshape(-1),
+                                                 np.full(persistent_devices.size, persistent)]))
+        if tables.unit_part is not None:
+            rows["merge_key"] = (tables.unit_part[units][:, None] * self.cluster.num_devices + devices).reshape(-1)
         return rows, tensor_first, produced.size
+
+    def _replica_shape(self, group: int, r: int, has_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+        """What a replicated group fragment's rows take from the group, its number of replicas R and which of
+        its units output (``has_out`` [units]), not from the devices or the batch split: (first output tensor
+        of each unit or -1 [units], producer task of each output tensor, the rows that depend on nothing else),
+        cached."""
+        key = (group, r, has_out.tobytes())
+        found = self._replica_shapes.get(key)
+        if found is None:
+            tasks = self.tables.group_units[group].size * r
+            tensor_first = np.where(has_out, (np.cumsum(has_out) - has_out) * r, -1)  # [units]
+            replica = np.arange(r)
+            produced = (np.flatnonzero(has_out)[:, None] * r + replica).reshape(-1)  # producer task of each tensor
+            persistent = r if ADAM_COPIES * self.tables.group_param_bytes[group] > 0 else 0
+            src, dst = self._local_pairs(group)  # [L] unit indices: dst reads src
+            reads = has_out[src]
+            rows = {
+                "kind": np.zeros(tasks, dtype=np.int8), "group": np.full(tasks, group),
+                "merge_key": np.full(tasks, -1, dtype=np.int64), "nres": np.ones(tasks, dtype=np.int64),
+                "dep_task": (dst[:, None] * r + replica).reshape(-1), "dep_on": (src[:, None] * r + replica).reshape(-1),
+                "tensor_producer": np.concatenate([produced, np.full(persistent, -1)]),
+                "tensor_persistent": np.concatenate([np.zeros(produced.size, dtype=bool), np.ones(persistent, dtype=bool)]),
+                "read_tensor": (tensor_first[src[reads]][:, None] + replica).reshape(-1),
+                "read_task": (dst[reads][:, None] * r + replica).reshape(-1),
+            }
+            found = self._replica_shapes[key] = (tensor_first, produced, rows)
+        return found
 
     def _local_pairs(self, group: int) -> tuple[np.ndarray, np.ndarray]:
         """(src [L], dst [L]) indices among the group's units of units reading each other's outputs."""
@@ -805,14 +818,21 @@ def _without_self_dependencies(rows: dict) -> dict:
 
 
 @_jit
-def _segmented(refs, ends):
-    """References [n] numbered across consecutive segments (reference i's first segment ending before
-    ``ends[i, 0]``, the next before ``ends[i, 1]``, then ``ends[i, 2]``, the last open-ended; an empty one
-    is skipped) as (segment << _SEGMENT_SHIFT) | index in it, int32; a negative reference (none) stays -1."""
+def _segmented(refs, counts, ends):
+    """References [n] of F fragments (the first ``counts[0]`` the first fragment's, and so on) numbered
+    across consecutive segments (fragment f's first segment ending before ``ends[f, 0]``, the next before
+    ``ends[f, 1]``, then ``ends[f, 2]``, the last open-ended; an empty one is skipped) as
+    (segment << _SEGMENT_SHIFT) | index in it, int32; a negative reference (none) stays -1."""
     out = np.empty(refs.size, dtype=np.int32)
+    f = -1
+    left = 0  # references of fragment f still to come
     for i in range(refs.size):
+        while left == 0:
+            f += 1
+            left = counts[f]
+        left -= 1
         ref = refs[i]
-        end_0, end_1, end_2 = ends[i, 0], ends[i, 1], ends[i, 2]
+        end_0, end_1, end_2 = ends[f, 0], ends[f, 1], ends[f, 2]
         if ref < 0:
             out[i] = -1
         elif ref < end_0:
