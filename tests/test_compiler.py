@@ -574,6 +574,43 @@ def test_fast_path_agrees_with_reference():
         assert found.max() <= worst, granularity
 
 
+def test_arena_stores_queued_fragments_in_one_go():
+    """The arena queues fragments and stores them at once: ids in order of adding, a column given as one value
+    repeated over the fragment's rows, a task's dependency on itself dropped (and the fragment's count with
+    it), every reference numbered by its own fragment's segments. By hand: a group fragment of 2 tasks, then
+    a pair fragment over a 2-task block with 1 transfer of its own."""
+    from tag.compiler.evaluate import _SEGMENT_SHIFT, _IN_SEGMENT, _META, _Arena
+
+    arena = _Arena(lagged=False)
+    group = {"duration": np.array([1.0, 2.0]), "kind": 0, "group": 3, "nres": 1, "res": [0, 1],
+             "dep_task": [1, 1], "dep_on": [0, 1], "tensor_device": [0], "tensor_bytes": [8.0],
+             "tensor_producer": [0], "tensor_persistent": False, "read_tensor": [0], "read_task": [1]}
+    pair = {"duration": [0.5], "kind": np.array([1], dtype=np.int8), "group": 4, "nres": np.array([1]),
+            "res": [40], "dep_task": [2, 1], "dep_on": [0, 2], "tensor_device": [1], "tensor_bytes": [8.0],
+            "tensor_producer": [2], "tensor_persistent": np.array([False]), "read_tensor": [0, 1],
+            "read_task": [2, 1]}
+    assert (arena.add(group, (0, 0, 0, 0), 2), arena.add(pair, (2, 0, 1, 0), 1)) == (0, 1)
+    assert arena.stored == 0 and arena.size["task"] == 0  # queued only
+    arena.flush()
+    assert arena.stored == 2 and arena.pending == []
+    np.testing.assert_array_equal(arena.view("group"), [3, 3, 4])
+    np.testing.assert_array_equal(arena.view("kind"), [0, 0, 1])
+    np.testing.assert_array_equal(arena.view("nres"), [1, 1, 1])
+    meta = arena.meta[:2]
+    assert meta.shape[1] == _META
+    np.testing.assert_array_equal(meta[:, :3], [[0, 2, 2], [2, 1, 1]])  # first task, tasks, early tasks
+    np.testing.assert_array_equal(meta[:, 5:7], [[0, 1], [1, 2]])  # first dependency, dependencies
+    dep_task, dep_on = arena.view("dep_task"), arena.view("dep_on")
+    segment, index = dep_task >> _SEGMENT_SHIFT, dep_task & _IN_SEGMENT
+    # group: 1 waits for 0 (own early tasks: segment 2); pair: its transfer (own, segment 2) waits for P's 0
+    np.testing.assert_array_equal(segment, [2, 2, 0])
+    np.testing.assert_array_equal(index, [1, 0, 1])
+    np.testing.assert_array_equal(dep_on & _IN_SEGMENT, [0, 0, 0])
+    np.testing.assert_array_equal(dep_on >> _SEGMENT_SHIFT, [2, 0, 2])
+    # tensor references: the pair reads P's tensor 0 (segment 0) and its own first tensor (segment 2)
+    np.testing.assert_array_equal(arena.view("read_tensor")[1:] >> _SEGMENT_SHIFT, [0, 2])
+
+
 def test_evaluator_columns_keep_their_rows_as_they_grow():
     """The evaluator's column store doubles its arrays past 1024 rows; every row written stays readable,
     in order, through the growths, per table."""

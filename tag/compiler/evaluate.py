@@ -56,7 +56,7 @@ from tag.grouping import GroupGraph
 from tag.sim.kernels import _jit, list_schedule, merge_chunks, peak_memory, successor_lists
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
-                               TASK_TRANSFER)
+                               TASK_COMPUTE, TASK_TRANSFER)
 from tag.strategy import BATCH_SPLITS, Strategy, device_group_sizes
 from tag.compiler.compile import ADAM_COPIES, _Compiler, collective_duration, collective_resources
 from tag.compiler.errors import CompileError
@@ -145,8 +145,9 @@ class _Arena(_Columns):
         return super().view(name)
 
     def add(self, rows: dict[str, Any], blocks: tuple[int, int, int, int], early: int) -> int:
-        """Queue one fragment (its columns as lists or arrays, references numbered as in the fragment table)
-        and return its id; :meth:`flush` stores the queued ones."""
+        """Queue one fragment (its columns as lists or arrays, or a Python int or bool that every row of the
+        column takes; references numbered as in the fragment table) and return its id; :meth:`flush` stores
+        the queued ones, less any dependency of a task on itself."""
         self.pending.append((rows, blocks, early))
         self.num_fragments += 1
         return self.num_fragments - 1
@@ -171,16 +172,30 @@ class _Arena(_Columns):
                                 np.full(f, _IN_SEGMENT + 1, dtype=np.int64)], axis=1)
         merged = {}
         for name, (dtype, table) in self.specs.items():
-            if all(name not in rows for rows, _, _ in pending):
+            given = [rows.get(name) for rows, _, _ in pending]
+            if all(value is None for value in given):
                 continue
-            column = tables.index(table)
-            reference = name in _TASK_REFS or name == "read_tensor"
-            values = np.concatenate([rows[name] if name in rows else np.zeros(counts[k, column], dtype=dtype)
-                                     for k, (rows, _, _) in enumerate(pending)],
-                                    dtype=np.int64 if reference else dtype, casting="unsafe")
-            if reference:
-                values = _segmented(values, counts[:, column], tensor_ends if name == "read_tensor" else task_ends)
-            merged[name] = values
+            rows_of = counts[:, tables.index(table)]  # [F]
+            dtype = np.int64 if name in _TASK_REFS or name == "read_tensor" else dtype
+            if all(isinstance(value, int) for value in given):  # one value per fragment (a bool is an int)
+                merged[name] = np.repeat(np.array(given, dtype=dtype), rows_of)
+                continue
+            merged[name] = np.concatenate(
+                [np.full(rows_of[k], value, dtype=dtype) if value is None or isinstance(value, int) else value
+                 for k, value in enumerate(given)], dtype=dtype, casting="unsafe")
+        # a task's dependency on itself (inside a pair of one group's fragments) goes, as merging drops it
+        dep = tables.index("dep")
+        keep = merged["dep_task"] != merged["dep_on"]
+        if not keep.all():
+            fragment = np.repeat(np.arange(f), counts[:, dep])
+            for name, (_, table) in self.specs.items():
+                if table == "dep" and name in merged:
+                    merged[name] = merged[name][keep]
+            counts[:, dep] = np.bincount(fragment[keep], minlength=f)
+        for name in _TASK_REFS + ("read_tensor",):
+            column = tables.index(self.specs[name][1])
+            merged[name] = _segmented(merged[name], counts[:, column],
+                                      tensor_ends if name == "read_tensor" else task_ends)
         first = self.extend(merged, dict(zip(tables, counts.sum(axis=0).tolist())))
         starts = np.array([first[table] for table in tables], dtype=np.int64) + np.cumsum(counts, axis=0) - counts
         if self.stored + f > self.meta.shape[0]:
@@ -205,6 +220,15 @@ class _Skeletons(_Columns):
         })
         self.num_devices = num_devices
         self.ids: dict[int, tuple[Any, int]] = {}  # id(skeleton) -> (skeleton, its row); holds the skeleton alive
+        self._arrays: tuple | None = None  # the views :func:`_pair_transfers` reads, until the next append
+
+    def arrays(self) -> tuple:
+        """The 13 columns :func:`_pair_transfers` takes, in its order, as views of the rows in use."""
+        if self._arrays is None:
+            self._arrays = tuple(self.view(name) for name in (
+                "first_transfer", "transfers", "src", "dst", "stage", "first_part", "parts", "first_counted",
+                "counted", "part_category", "part_fraction", "counted_category", "local"))
+        return self._arrays
 
     def ids_of(self, skeletons: list) -> np.ndarray:
         """[S] row of each skeleton, the new ones appended in one go (a pair of layouts brings several)."""
@@ -217,6 +241,7 @@ class _Skeletons(_Columns):
         return np.array([row for _, row in found], dtype=np.int64)
 
     def _append(self, skeletons: list) -> None:
+        self._arrays = None
         size = self.size
         transfers = [t for skeleton in skeletons for t in skeleton.transfers]
         # a transfer: (src, dst, stage, contributions ((category, fraction), ...), counted categories, items)
@@ -488,17 +513,19 @@ class StrategyEvaluator:
         as compile_strategy merges the whole TaskGraph) and lags on its dependencies, tensors and reads.
         Returns (rows, merged task [T], start lag [T] and end lag [T] of each chunk task). Where no chunks are
         merged (every granularity but ``"merged"``) the tasks stay as they are and the lags, never read
-        (:func:`_assemble`), are left out: (rows less any dependency of a task on itself, None, None, None)."""
+        (:func:`_assemble`), are left out: (rows, None, None, None); the arena drops a dependency of a task on
+        itself as it stores them."""
         if not self._merging:
-            return _without_self_dependencies(rows), None, None, None
-        nres = np.asarray(rows["nres"], dtype=np.int64)
-        res_ptr = np.zeros(nres.size + 1, dtype=np.int64)
-        np.cumsum(nres, out=res_ptr[1:])
+            return rows, None, None, None
         duration = np.asarray(rows["duration"], dtype=np.float64)
+        tasks = duration.size
+        nres = np.broadcast_to(np.asarray(rows["nres"], dtype=np.int64), tasks)  # a column may be one value
+        res_ptr = np.zeros(tasks + 1, dtype=np.int64)
+        np.cumsum(nres, out=res_ptr[1:])
         (new_id, start_lag, end_lag, _, m_duration, kind, group, m_res_ptr, res, dep_task, dep_on, dep_lag, producer,
          alloc_lag, free_lag, read_task, read_lag) = merge_chunks(
-            merge_key, self._num_merge_keys, duration, np.asarray(rows["kind"], dtype=np.int8),
-            np.asarray(rows["group"], dtype=np.int64), res_ptr, np.asarray(rows["res"], dtype=np.int64),
+            merge_key, self._num_merge_keys, duration, np.full(tasks, rows["kind"], dtype=np.int8),
+            np.full(tasks, rows["group"], dtype=np.int64), res_ptr, np.asarray(rows["res"], dtype=np.int64),
             np.asarray(rows["dep_task"], dtype=np.int64), np.asarray(rows["dep_on"], dtype=np.int64),
             np.asarray(rows["tensor_producer"], dtype=np.int64), np.asarray(rows["read_tensor"], dtype=np.int64),
             np.asarray(rows["read_task"], dtype=np.int64))
@@ -515,10 +542,10 @@ class StrategyEvaluator:
         """A pair fragment's rows, built against P's and C's chunk tasks, moved onto their merged tasks: task
         references renumbered, lags computed (as :func:`tag.sim.kernels.merge_chunks` computes them), the
         dependencies inside one merged task dropped. Returns (rows, blocks for the fragment table). Where no
-        chunks are merged, the references stand and only a dependency of a task on itself is dropped."""
+        chunks are merged, the references stand (the arena drops a dependency of a task on itself)."""
         blocks = (block_p.merged, 0 if same else block_c.merged, block_p.tensors, 0 if same else block_c.tensors)
         if not self._merging:
-            return _without_self_dependencies(rows), blocks
+            return rows, blocks
         own = len(rows["duration"])
         duration = np.asarray(rows["duration"], dtype=np.float64)
         parts_new = [block_p.new_id]
@@ -589,8 +616,7 @@ class StrategyEvaluator:
             src, dst = self._local_pairs(group)  # [L] unit indices: dst reads src
             reads = has_out[src]
             rows = {
-                "kind": np.zeros(tasks, dtype=np.int8), "group": np.full(tasks, group),
-                "merge_key": np.full(tasks, -1, dtype=np.int64), "nres": np.ones(tasks, dtype=np.int64),
+                "kind": TASK_COMPUTE, "group": int(group), "merge_key": np.full(tasks, -1, dtype=np.int64), "nres": 1,
                 "dep_task": (dst[:, None] * r + replica).reshape(-1), "dep_on": (src[:, None] * r + replica).reshape(-1),
                 "tensor_producer": np.concatenate([produced, np.full(persistent, -1)]),
                 "tensor_persistent": np.concatenate([np.zeros(produced.size, dtype=bool), np.ones(persistent, dtype=bool)]),
@@ -658,10 +684,7 @@ class StrategyEvaluator:
         first_task, first_tensor = blocks[0] + blocks[1], blocks[2] + blocks[3]
         columns = _pair_transfers(
             unit, category, consumer_ptr, consumer, skeleton_ids, category_bytes, category_count,
-            store.view("first_transfer"), store.view("transfers"), store.view("src"), store.view("dst"),
-            store.view("stage"), store.view("first_part"), store.view("parts"), store.view("first_counted"),
-            store.view("counted"), store.view("part_category"), store.view("part_fraction"),
-            store.view("counted_category"), store.view("local"), self.cluster.num_devices, block_p.replicas,
+            *store.arrays(), self.cluster.num_devices, block_p.replicas,
             block_p.index, block_p.task_device, block_p.tensor_first, block_c.replicas, block_c.task_device,
             0 if same else blocks[0], self._alpha, self._beta, self._nic_out, self._nic_in, self._link_base,
             first_task, first_tensor)
@@ -669,11 +692,10 @@ class StrategyEvaluator:
          read_task) = columns
         transfers = duration.size
         rows = {
-            "duration": duration, "kind": np.full(transfers, TASK_TRANSFER, dtype=np.int8),
-            "group": np.full(transfers, layout_c.group), "nres": nres, "res": res, "dep_task": dep_task,
-            "dep_on": dep_on, "tensor_device": tensor_device, "tensor_bytes": tensor_bytes,
-            "tensor_producer": tensor_producer, "tensor_persistent": np.zeros(transfers, dtype=bool),
-            "read_tensor": read_tensor, "read_task": read_task,
+            "duration": duration, "kind": TASK_TRANSFER, "group": int(layout_c.group), "nres": nres, "res": res,
+            "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device, "tensor_bytes": tensor_bytes,
+            "tensor_producer": tensor_producer, "tensor_persistent": False, "read_tensor": read_tensor,
+            "read_task": read_task,
         }
         if not any(sk.collectives for sk in skeletons):
             return rows, transfers
@@ -684,7 +706,6 @@ class StrategyEvaluator:
             "duration": np.concatenate([duration, c_duration]),
             "kind": np.concatenate([np.full(transfers, TASK_TRANSFER, dtype=np.int8),
                                     np.full(collectives, TASK_COLLECTIVE, dtype=np.int8)]),
-            "group": np.full(transfers + collectives, layout_c.group),
             "nres": np.concatenate([nres, c_nres]), "res": np.concatenate([res, c_res]),
             "dep_task": np.concatenate([dep_task, c_dep_task]), "dep_on": np.concatenate([dep_on, c_dep_on]),
             "read_tensor": np.concatenate([read_tensor, c_read_tensor]),
@@ -805,16 +826,6 @@ class StrategyEvaluator:
         return feedback_from_columns(self.cluster, self.group_graph.num_groups, columns.group, columns.kind,
                                      columns.duration, columns.res_ptr, columns.res, resource_kind, resource_a,
                                      resource_b, succ_ptr, succ, succ_lag, start, finish, peak, by_predecessor=True)
-
-
-def _without_self_dependencies(rows: dict) -> dict:
-    """``rows`` less any dependency of a task on itself (what merging drops, with nothing merged)."""
-    dep_task = np.asarray(rows["dep_task"], dtype=np.int64)
-    dep_on = np.asarray(rows["dep_on"], dtype=np.int64)
-    keep = dep_task != dep_on
-    if not keep.all():
-        rows = dict(rows, dep_task=dep_task[keep], dep_on=dep_on[keep])
-    return rows
 
 
 @_jit
