@@ -13,13 +13,15 @@ tasks for a large model on 16 GPUs). :class:`StrategyEvaluator` cuts the TaskGra
 
 Each fragment is built once and stored as flat arrays in an arena, its task and tensor references relative
 to the fragment (numbered [P's compute block | C's compute block | its own tasks]). Replicated groups are
-built with numpy and every pair's transfers by the compiled kernel :func:`_pair_transfers`, from the
-compiler's bundle skeletons (``_Compiler._skeleton``: which device sends which fraction of which category
-to which, shared by every bundle of a kind). A model-parallel side is one more block to it (a task per
-piece, its units the pieces), with bundles made per pair of layouts by pieces; model-parallel groups (their
-METIS pieces) go through the compiler's own Python (``_Compiler.group_fragment``). A pair's collectives
-take the compiler's durations and resources (:func:`~tag.compiler.compile.collective_duration`,
-:func:`~tag.compiler.compile.collective_resources`) and their dependencies from :func:`_pair_collectives`.
+built with numpy (what does not depend on the devices cached per group and number of replicas), and the
+new pairs of an evaluation in one call of the compiled kernel :func:`_pair_fragments`: each pair's
+transfers from the compiler's bundle skeletons (``_Compiler._skeleton``: which device sends which fraction
+of which category to which, shared by every bundle of a kind), then its collectives, with the compiler's
+durations and resources (:func:`~tag.compiler.compile.collective_duration`,
+:func:`~tag.compiler.compile.collective_resources`). A model-parallel side is one more block to it (a task
+per piece, its units the pieces), with bundles made per pair of layouts by pieces; model-parallel groups
+(their METIS pieces) go through the compiler's own Python (``_Compiler.group_fragment``). The arena queues
+an evaluation's new fragments and stores them at once, one append per column.
 
 Fragments are stored with dependency and tensor lags (:class:`tag.sim.taskgraph.Lags`). At ``"merged"``
 granularity a group fragment's chunks are merged into one task per part and replica
@@ -85,6 +87,12 @@ _META = 15
 _SEGMENT_SHIFT = 29
 _IN_SEGMENT = (1 << _SEGMENT_SHIFT) - 1
 _TASK_REFS = ("dep_task", "dep_on", "tensor_producer", "read_task")
+_TABLES = ("task", "res", "dep", "tensor", "read")  # the arena's tables, in the order of its fragment counts
+_PAIR_COLUMNS = {"task": ("duration", "kind", "group", "nres"), "res": ("res",), "dep": ("dep_task", "dep_on"),
+                 "tensor": ("tensor_device", "tensor_bytes", "tensor_producer"),
+                 "read": ("read_tensor", "read_task")}  # what _pair_fragments returns, by table
+_FIRST_COLUMN = {"task": "duration", "res": "res", "dep": "dep_task", "tensor": "tensor_device",
+                 "read": "read_tensor"}  # a column of each table every fragment gives as a list or an array
 
 
 class _Columns:
@@ -137,7 +145,9 @@ class _Arena(_Columns):
         self.meta = np.zeros((256, _META), dtype=np.int64)  # [F, _META] of the stored fragments
         self.num_fragments = 0  # fragments with an id
         self.stored = 0  # of which stored (the rest are queued, in order)
-        self.pending: list[tuple[dict, tuple, int]] = []  # queued fragments: (rows, blocks, early own tasks)
+        # queued entries of one or more fragments: (rows, blocks [F, 4], early own tasks [F], rows per table
+        # [F, 5], None for one fragment: counted from its columns)
+        self.pending: list[tuple[dict, Any, Any, Any]] = []
 
     def view(self, name: str) -> np.ndarray:
         if name not in self.columns and name in self._LAGS:
@@ -148,9 +158,17 @@ class _Arena(_Columns):
         """Queue one fragment (its columns as lists or arrays, or a Python int or bool that every row of the
         column takes; references numbered as in the fragment table) and return its id; :meth:`flush` stores
         the queued ones, less any dependency of a task on itself."""
-        self.pending.append((rows, blocks, early))
+        self.pending.append((rows, (blocks,), (early,), None))
         self.num_fragments += 1
         return self.num_fragments - 1
+
+    def add_many(self, rows: dict[str, Any], blocks: np.ndarray, early: np.ndarray, counts: np.ndarray) -> int:
+        """Queue F fragments whose columns lie one after another in ``rows`` (``counts`` [F, 5]: each one's rows
+        in the task, res, dep, tensor and read tables; blocks [F, 4]; early [F]); returns the first one's id."""
+        if len(early):
+            self.pending.append((rows, blocks, early, counts))
+        self.num_fragments += len(early)
+        return self.num_fragments - len(early)
 
     def flush(self) -> None:
         """Store the queued fragments, in order, with one append per column (an evaluation brings tens)."""
@@ -158,26 +176,28 @@ class _Arena(_Columns):
         if not pending:
             return
         self.pending = []
-        f = len(pending)
-        tables = ("task", "res", "dep", "tensor", "read")
-        first_column = {"task": "duration", "res": "res", "dep": "dep_task", "tensor": "tensor_device",
-                        "read": "read_tensor"}
-        counts = np.array([[len(rows[first_column[table]]) for table in tables] for rows, _, _ in pending],
-                          dtype=np.int64)  # [F, 5]
-        blocks = np.array([b for _, b, _ in pending], dtype=np.int64)  # [F, 4]
-        early = np.array([e for _, _, e in pending], dtype=np.int64)  # [F]
+        tables = _TABLES
+        counts = np.concatenate([
+            np.array([[len(rows[_FIRST_COLUMN[table]]) for table in tables]], dtype=np.int64) if counts is None
+            else counts for rows, _, _, counts in pending])  # [F, 5]
+        f = counts.shape[0]
+        entry_rows = counts if f == len(pending) else np.array(  # [entries, 5] rows per table of each entry
+            [counts_of.sum(axis=0) if counts_of is not None else [len(rows[_FIRST_COLUMN[table]]) for table in tables]
+             for rows, _, _, counts_of in pending], dtype=np.int64)
+        blocks = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for _, b, _, _ in pending])  # [F, 4]
+        early = np.concatenate([np.asarray(e, dtype=np.int64).reshape(-1) for _, _, e, _ in pending])  # [F]
         # task references: [P's block | C's block | early own | late own]; tensor references: [P | C | own]
         task_ends = np.stack([blocks[:, 0], blocks[:, 0] + blocks[:, 1], blocks[:, 0] + blocks[:, 1] + early], axis=1)
         tensor_ends = np.stack([blocks[:, 2], blocks[:, 2] + blocks[:, 3],
                                 np.full(f, _IN_SEGMENT + 1, dtype=np.int64)], axis=1)
         merged = {}
         for name, (dtype, table) in self.specs.items():
-            given = [rows.get(name) for rows, _, _ in pending]
+            given = [entry[0].get(name) for entry in pending]
             if all(value is None for value in given):
                 continue
-            rows_of = counts[:, tables.index(table)]  # [F]
+            rows_of = entry_rows[:, tables.index(table)]  # [entries]
             dtype = np.int64 if name in _TASK_REFS or name == "read_tensor" else dtype
-            if all(isinstance(value, int) for value in given):  # one value per fragment (a bool is an int)
+            if all(isinstance(value, int) for value in given):  # one value per entry (a bool is an int)
                 merged[name] = np.repeat(np.array(given, dtype=dtype), rows_of)
                 continue
             merged[name] = np.concatenate(
@@ -207,7 +227,7 @@ class _Arena(_Columns):
 
 
 class _Skeletons(_Columns):
-    """Bundle skeletons (``_Compiler._skeleton``) as arrays for :func:`_pair_transfers`. S skeletons, D devices."""
+    """Bundle skeletons (``_Compiler._skeleton``) as arrays for :func:`_pair_fragments`. S skeletons, D devices."""
 
     def __init__(self, num_devices: int) -> None:
         super().__init__({
@@ -220,10 +240,10 @@ class _Skeletons(_Columns):
         })
         self.num_devices = num_devices
         self.ids: dict[int, tuple[Any, int]] = {}  # id(skeleton) -> (skeleton, its row); holds the skeleton alive
-        self._arrays: tuple | None = None  # the views :func:`_pair_transfers` reads, until the next append
+        self._arrays: tuple | None = None  # the views :func:`_pair_fragments` reads, until the next append
 
     def arrays(self) -> tuple:
-        """The 13 columns :func:`_pair_transfers` takes, in its order, as views of the rows in use."""
+        """The 13 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
         if self._arrays is None:
             self._arrays = tuple(self.view(name) for name in (
                 "first_transfer", "transfers", "src", "dst", "stage", "first_part", "parts", "first_counted",
@@ -466,12 +486,11 @@ class StrategyEvaluator:
                 ids[k] = fragment
         if misses:
             # the skeletons of every new pair first, stored in one go; then the fragments, in pair order
-            prepared = [self._pair_skeletons(*key) for _, key in misses]
+            keys = [key for _, key in misses]
+            prepared = [self._pair_skeletons(*key) for key in keys]
             rows = self._skeletons.ids_of([skeleton for _, skeletons in prepared for skeleton in skeletons])
-            end = 0
-            for (k, key), (static, skeletons) in zip(misses, prepared):
-                start, end = end, end + len(skeletons)
-                ids[k] = cache[key] = self._compile_pair(*key, (static, skeletons, rows[start:end]))
+            for (k, key), fragment in zip(misses, self._compile_pairs(keys, prepared, rows)):
+                ids[k] = cache[key] = fragment
         self._last_ids = (groups, ids)
         return ids
 
@@ -636,17 +655,114 @@ class StrategyEvaluator:
                                                      np.array([b for _, b in pairs], dtype=np.int64))
         return found
 
-    def _compile_pair(self, fragment_p: int, fragment_c: int, prepared: tuple) -> int:
-        """The pair fragment of two group fragments, from their :meth:`_pair_skeletons` and those skeletons'
-        rows in the skeleton store."""
-        block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
-        same = block_p.layout.group == block_c.layout.group
-        blocks = (block_p.tasks, 0 if same else block_c.tasks, block_p.tensors, 0 if same else block_c.tensors)
-        rows, early = self._pair_rows(fragment_p, fragment_c, same, blocks, prepared)
-        rows, merged_blocks = self._localize_pair(rows, block_p, block_c, same)
-        fragment = self._arena.add(rows, merged_blocks, early)
-        self._block_of.append(None)
-        return fragment
+    def _compile_pairs(self, keys: list[tuple[int, int]], prepared: list[tuple], skeleton_rows: np.ndarray) -> list[int]:
+        """The pair fragments of M pairs of group fragments ``keys`` (P's, C's), from their
+        :meth:`_pair_skeletons` and those skeletons' rows in the store (in order), built by one call of
+        :func:`_pair_fragments` and queued in the arena; returns their ids."""
+        blocks, groups = [], []
+        bundle_ptr, units, categories, category_base, consumer_ptrs, consumer_base, consumers, skeletons_of = (
+            [0], [], [], [], [], [], [], [])
+        category_bytes, category_count = [], []
+        p_replicas, p_index, p_devices, p_tensors, c_replicas, c_devices, c_shift = [], [], [], [], [], [], []
+        collective_ptr, collective_bundle, holder_ptr, holders, collective_seconds, held_ptr, held = (
+            [0], [], [0], [], [], [0], [])
+        end = categories_so_far = consumers_so_far = 0
+        for (fragment_p, fragment_c), (static, skeletons) in zip(keys, prepared):
+            block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
+            same = block_p.layout.group == block_c.layout.group
+            blocks.append((block_p.tasks, 0 if same else block_c.tasks, block_p.tensors,
+                           0 if same else block_c.tensors))
+            groups.append(block_c.layout.group)
+            bundles, unit, category, consumer_ptr, consumer, nbytes, count, kind_of, _ = static
+            start, end = end, end + len(skeletons)
+            skeletons_of.append(skeleton_rows[start:end][kind_of])
+            category_base.append(categories_so_far)
+            consumer_base.append(consumers_so_far)
+            categories_so_far += len(nbytes)
+            consumers_so_far += len(consumer)
+            units.append(unit)
+            categories.append(category)
+            consumer_ptrs.append(consumer_ptr)
+            consumers.append(consumer)
+            category_bytes.append(nbytes)
+            category_count.append(count)
+            p_replicas.append(block_p.replicas)
+            p_index.append(block_p.index)
+            p_devices.append(block_p.task_device)
+            p_tensors.append(block_p.tensor_first)
+            c_replicas.append(block_c.replicas)
+            c_devices.append(block_c.task_device)
+            c_shift.append(0 if same else block_p.tasks)
+            if any(skeleton.collectives for skeleton in skeletons):
+                self._collectives(bundle_ptr[-1], bundles, kind_of, skeletons, collective_bundle, holder_ptr,
+                                  holders, collective_seconds, held_ptr, held)
+            bundle_ptr.append(bundle_ptr[-1] + len(unit))
+            collective_ptr.append(len(collective_bundle))
+        blocks = np.array(blocks, dtype=np.int64)  # [M, 4]
+        first_task, first_tensor = blocks[:, 0] + blocks[:, 1], blocks[:, 2] + blocks[:, 3]
+
+        def cat(parts: list, dtype=np.int64) -> np.ndarray:
+            return np.concatenate(parts, dtype=dtype, casting="unsafe") if parts else np.zeros(0, dtype=dtype)
+
+        def ptr(parts: list) -> np.ndarray:
+            out = np.zeros(len(parts) + 1, dtype=np.int64)
+            np.cumsum([len(part) for part in parts], out=out[1:])
+            return out
+
+        (duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
+         read_task, counts) = _pair_fragments(
+            np.array(bundle_ptr, dtype=np.int64), cat(units), cat(categories), np.array(category_base, dtype=np.int64),
+            cat(consumer_ptrs), np.array(consumer_base, dtype=np.int64), cat(consumers), cat(skeletons_of),
+            cat(category_bytes, np.float64), cat(category_count), *self._skeletons.arrays(),
+            self.cluster.num_devices, np.array(p_replicas, dtype=np.int64), np.stack(p_index), ptr(p_devices),
+            cat(p_devices), ptr(p_tensors), cat(p_tensors), np.array(c_replicas, dtype=np.int64), ptr(c_devices),
+            cat(c_devices), np.array(c_shift, dtype=np.int64), first_task, first_tensor,
+            np.array(collective_ptr, dtype=np.int64), np.array(collective_bundle, dtype=np.int64),
+            np.array(holder_ptr, dtype=np.int64), np.array(holders, dtype=np.int64),
+            np.array(collective_seconds, dtype=np.float64), np.array(held_ptr, dtype=np.int64),
+            np.array(held, dtype=np.int64), self._alpha, self._beta, self._nic_out, self._nic_in, self._link_base)
+        self._block_of.extend([None] * len(keys))
+        rows = {"duration": duration, "kind": kind, "group": np.repeat(np.array(groups, dtype=np.int64), counts[:, 0]),
+                "nres": nres, "res": res, "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
+                "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer, "tensor_persistent": False,
+                "read_tensor": read_tensor, "read_task": read_task}
+        if not self._merging:
+            first = self._arena.add_many(rows, blocks, counts[:, 5], counts[:, :5])
+            return list(range(first, first + len(keys)))
+        # merged chunks: each fragment moves onto its blocks' merged tasks on its own
+        ends = np.cumsum(counts[:, :5], axis=0)
+        fragments = []
+        for m, (fragment_p, fragment_c) in enumerate(keys):
+            lo, hi = ends[m] - counts[m, :5], ends[m]
+            table = {name: (lo[_TABLES.index(t)], hi[_TABLES.index(t)]) for t, names in _PAIR_COLUMNS.items()
+                     for name in names}
+            one = {name: value if np.isscalar(value) else value[slice(*table[name])] for name, value in rows.items()}
+            block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
+            one, merged_blocks = self._localize_pair(one, block_p, block_c, block_p.layout.group == block_c.layout.group)
+            fragments.append(self._arena.add(one, merged_blocks, int(counts[m, 5])))
+        return fragments
+
+    def _collectives(self, first_bundle: int, bundles: list, kind_of: np.ndarray, skeletons: list, which: list,
+                     holder_ptr: list, holders: list, seconds: list, held_ptr: list, held: list) -> None:
+        """Append one pair's collectives, as ``_Compiler`` emits them (bundle by bundle, category by category;
+        no fusion), for :func:`_pair_fragments`: bundle (numbered from ``first_bundle``), devices, seconds
+        (:func:`~tag.compiler.compile.collective_duration`) and resources
+        (:func:`~tag.compiler.compile.collective_resources`)."""
+        context = self.context
+        for i, kind in enumerate(kind_of.tolist()):
+            skeleton = skeletons[kind]
+            if not skeleton.collectives:
+                continue
+            b, devices = bundles[i], skeleton.holders
+            resources = collective_resources(context, devices)
+            for k, op in skeleton.collectives:
+                which.append(first_bundle + i)
+                seconds.append(collective_duration(context, op, devices, b.consumer_group, b.nbytes[k], b.count[k],
+                                                   b.uses[k])[0])
+                held.extend(resources)
+                held_ptr.append(len(held))
+                holders.extend(devices)
+                holder_ptr.append(len(holders))
 
     def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[tuple, list]:
         """What a pair fragment is made from: the bundles as arrays (:meth:`_bundle_arrays`) and the skeleton
@@ -669,86 +785,8 @@ class StrategyEvaluator:
         # a skeleton depends on a bundle only through its kind (_bundle_arrays)
         return static, [compiler._skeleton(b, layout_p, layout_c) for b in static[-1]]
 
-    def _pair_rows(self, fragment_p: int, fragment_c: int, same: bool, blocks: tuple,
-                   prepared: tuple) -> tuple[dict, int]:
-        """A pair fragment's tasks as ``_Compiler._pair`` and ``_emit_collectives`` make them: transfers by
-        :func:`_pair_transfers`, then collectives by :meth:`_collective_rows`, from ``prepared``: the
-        :meth:`_pair_skeletons` and the skeletons' rows in the store."""
-        block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
-        layout_c = block_c.layout
-        static, skeletons, skeleton_rows = prepared
-        (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
-         representatives) = static
-        store = self._skeletons
-        skeleton_ids = skeleton_rows[kind_of]  # [B]
-        first_task, first_tensor = blocks[0] + blocks[1], blocks[2] + blocks[3]
-        columns = _pair_transfers(
-            unit, category, consumer_ptr, consumer, skeleton_ids, category_bytes, category_count,
-            *store.arrays(), self.cluster.num_devices, block_p.replicas,
-            block_p.index, block_p.task_device, block_p.tensor_first, block_c.replicas, block_c.task_device,
-            0 if same else blocks[0], self._alpha, self._beta, self._nic_out, self._nic_in, self._link_base,
-            first_task, first_tensor)
-        (duration, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
-         read_task) = columns
-        transfers = duration.size
-        rows = {
-            "duration": duration, "kind": TASK_TRANSFER, "group": int(layout_c.group), "nres": nres, "res": res,
-            "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device, "tensor_bytes": tensor_bytes,
-            "tensor_producer": tensor_producer, "tensor_persistent": False, "read_tensor": read_tensor,
-            "read_task": read_task,
-        }
-        if not any(sk.collectives for sk in skeletons):
-            return rows, transfers
-        c_duration, c_nres, c_res, c_dep_task, c_dep_on, c_read_tensor, c_read_task = self._collective_rows(
-            static, skeletons, block_p, block_c, 0 if same else blocks[0], first_task + transfers)
-        collectives = len(c_duration)
-        rows.update({  # the collectives' tasks, dependencies and reads (they add no tensors)
-            "duration": np.concatenate([duration, c_duration]),
-            "kind": np.concatenate([np.full(transfers, TASK_TRANSFER, dtype=np.int8),
-                                    np.full(collectives, TASK_COLLECTIVE, dtype=np.int8)]),
-            "nres": np.concatenate([nres, c_nres]), "res": np.concatenate([res, c_res]),
-            "dep_task": np.concatenate([dep_task, c_dep_task]), "dep_on": np.concatenate([dep_on, c_dep_on]),
-            "read_tensor": np.concatenate([read_tensor, c_read_tensor]),
-            "read_task": np.concatenate([read_task, c_read_task]),
-        })
-        return rows, transfers
-
-    def _collective_rows(self, static: tuple, skeletons: list, block_p: _GroupBlock, block_c: _GroupBlock,
-                         c_shift: int, first_task: int) -> tuple:
-        """The collectives of a pair fragment, as ``_Compiler`` emits them (bundle by bundle, category by
-        category; no fusion), numbered from ``first_task``: (duration, nres, res, dep_task, dep_on,
-        read_tensor, read_task)."""
-        bundles, unit, _, consumer_ptr, consumer, _, _, kind_of, _ = static
-        context = self.context
-        which: list[int] = []  # [K] bundle of each collective
-        duration: list[float] = []
-        nres: list[int] = []
-        res: list[int] = []
-        holder_ptr = [0]
-        holder_devices: list[int] = []
-        for i, kind in enumerate(kind_of.tolist()):
-            skeleton = skeletons[kind]
-            if not skeleton.collectives:
-                continue
-            b, holders = bundles[i], skeleton.holders
-            held = collective_resources(context, holders)
-            for k, op in skeleton.collectives:
-                which.append(i)
-                duration.append(collective_duration(context, op, holders, b.consumer_group, b.nbytes[k], b.count[k],
-                                                     b.uses[k])[0])
-                nres.append(len(held))
-                res.extend(held)
-                holder_devices.extend(holders)
-                holder_ptr.append(len(holder_devices))
-        deps = _pair_collectives(
-            np.array(which, dtype=np.int64), np.array(holder_ptr, dtype=np.int64),
-            np.array(holder_devices, dtype=np.int64), unit, consumer_ptr, consumer, block_p.replicas, block_p.index,
-            block_p.task_device, block_p.tensor_first, block_c.replicas, c_shift, first_task)
-        return (np.array(duration, dtype=np.float64), np.array(nres, dtype=np.int64), np.array(res, dtype=np.int64),
-                *deps)
-
     def _bundle_arrays(self, bundles: list, layout_p: GroupLayout, layout_c: GroupLayout) -> tuple:
-        """Bundles of a pair of groups as arrays for :func:`_pair_transfers`: (bundles, producer unit's index
+        """Bundles of a pair of groups as arrays for :func:`_pair_fragments`: (bundles, producer unit's index
         in P's block [B] (-1: input ops), first category [B+1], consumer units' indices in C's block (CSR),
         bytes and counts of the categories, kind of each bundle [B], one bundle of each kind). A unit's index
         is its position among its group's units, or its piece's for a model-parallel group. Bundles of one kind
@@ -1019,107 +1057,114 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
 
 
 @_jit
-def _pair_transfers(bundle_unit, bundle_category, bundle_consumer_ptr, bundle_consumer, bundle_skeleton,
-                    category_bytes, category_count, sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage,
-                    tr_first_part, tr_parts, tr_first_counted, tr_counted, part_category, part_fraction,
-                    counted_category, sk_local, num_devices, p_replicas, p_index, p_task_device, p_tensor, r_c,
-                    c_task_device, c_shift, alpha, beta, nic_out, nic_in, link_base, first_task, first_tensor):
-    """The transfers of one pair fragment, with their dependencies, tensors and reads:
-    ``_Compiler._instantiate`` for B bundles at once, numbered as ``pair_fragment`` numbers them (P's block
-    from 0, C's from ``c_shift``, own tasks from ``first_task``, own tensors from ``first_tensor``).
+def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base, bundle_consumer_ptr,
+                    consumer_base, bundle_consumer, bundle_skeleton, category_bytes, category_count,
+                    sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts,
+                    tr_first_counted, tr_counted, part_category, part_fraction, counted_category, sk_local,
+                    num_devices, p_replicas, p_index, p_task_ptr, p_task_device, p_tensor_ptr, p_tensor, c_replicas,
+                    c_task_ptr, c_task_device, c_shift, first_task, first_tensor, pair_collective_ptr,
+                    collective_bundle, holder_ptr, holders, collective_duration, collective_res_ptr, collective_res,
+                    alpha, beta, nic_out, nic_in, link_base):
+    """The own tasks of M pair fragments, with their dependencies, tensors and reads, one fragment after
+    another: each fragment's transfers (``_Compiler._instantiate`` for its bundles), then its collectives
+    (``_Compiler._emit_collectives``, in its order), numbered as the compiler numbers one pair (P's block
+    from 0, C's from ``c_shift[m]``, own tasks from ``first_task[m]``, own tensors from ``first_tensor[m]``).
 
-    Bundles: producer unit's index in P [B] (-1: input ops), first category [B+1] into category_bytes /
-    category_count, consumer units' indices in C (CSR), skeleton [B]. Skeletons: see :class:`_Skeletons`.
-    A block (P's, C's) has R tasks per unit (unit u's replica r is task u * R + r) on the devices
-    ``task_device`` [tasks]; a model-parallel group's units are its pieces, R = 1. P: p_replicas,
-    p_index [D] (replica of each device, -1; read when p_replicas > 1), p_task_device, p_tensor [units of
-    P] (first output tensor, -1). C: r_c, c_task_device. Returns (duration, nres, res, dep_task, dep_on,
-    tensor_device, tensor_bytes, tensor_producer, read_tensor, read_task).
+    Bundles: pair m's are ``pair_bundle_ptr[m]:pair_bundle_ptr[m + 1]``; their producer unit's index in P
+    (-1: input ops), skeleton, first category (``bundle_category``, pair m's B + 1 entries from
+    ``pair_bundle_ptr[m] + m``, into category_bytes / category_count from ``category_base[m]``) and consumer
+    units' indices in C (``bundle_consumer_ptr`` likewise, into bundle_consumer from ``consumer_base[m]``).
+    Skeletons: see :class:`_Skeletons`. A block (P's, C's) has R tasks per unit (unit u's replica r is task
+    u * R + r) on the devices ``task_device`` (pair m's from ``p_task_ptr[m]``, ``c_task_ptr[m]``); a
+    model-parallel group's units are its pieces, R = 1. P: p_replicas [M], p_index [M, D] (replica of each
+    device, -1; read when R > 1), p_tensor (first output tensor of each unit, -1; from ``p_tensor_ptr[m]``).
+    Collectives: pair m's are ``pair_collective_ptr[m]:pair_collective_ptr[m + 1]``: bundle (absolute),
+    devices (``holders``, CSR), seconds, resources (CSR). Returns (duration, kind, nres, res, dep_task,
+    dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor, read_task, counts [M, 6]: tasks,
+    resources, dependencies, tensors, reads and transfers of each fragment).
     """
-    num_bundles = bundle_unit.size
-    # sizes first, so that every column is allocated once
+    m_pairs = p_replicas.size
+    # sizes first (bounds for dependencies, reads and resources), so that every column is allocated once
     tasks = 0
+    transfers = 0
     deps = 0
-    for b in range(num_bundles):
-        sk = bundle_skeleton[b]
-        n = sk_transfers[sk]
-        tasks += n
-        first = sk_first_transfer[sk]
-        deps += n * (1 + n)  # each transfer waits for its source, and an AddN forward for stage-1 transfers
-        # each consumer replica waits for its local copy and for the transfers into its device
-        deps += (bundle_consumer_ptr[b + 1] - bundle_consumer_ptr[b]) * (r_c + n)
+    resources = 0
+    for m in range(m_pairs):
+        for b in range(pair_bundle_ptr[m], pair_bundle_ptr[m + 1]):
+            sk = bundle_skeleton[b]
+            n = sk_transfers[sk]
+            transfers += n
+            consumers = bundle_consumer_ptr[b + m + 1] - bundle_consumer_ptr[b + m]
+            # each transfer waits for its source, and an AddN forward for stage-1 transfers; each consumer
+            # replica waits for its local copy and for the transfers into its device
+            deps += n * (1 + n) + consumers * (c_replicas[m] + n)
+            resources += 3 * n
+        for j in range(pair_collective_ptr[m], pair_collective_ptr[m + 1]):
+            b = collective_bundle[j]
+            consumers = bundle_consumer_ptr[b + m + 1] - bundle_consumer_ptr[b + m]
+            deps += holder_ptr[j + 1] - holder_ptr[j] + consumers * c_replicas[m]
+            resources += collective_res_ptr[j + 1] - collective_res_ptr[j]
+    tasks = transfers + pair_collective_ptr[m_pairs]
     duration = np.empty(tasks)
+    kind = np.empty(tasks, dtype=np.int8)
     nres = np.empty(tasks, dtype=np.int64)
-    res = np.empty(3 * tasks, dtype=np.int64)
+    res = np.empty(resources, dtype=np.int64)
     dep_task = np.empty(deps, dtype=np.int64)
     dep_on = np.empty(deps, dtype=np.int64)
     read_tensor = np.empty(deps, dtype=np.int64)
     read_task = np.empty(deps, dtype=np.int64)
-    tensor_device = np.empty(tasks, dtype=np.int64)
-    tensor_bytes = np.empty(tasks)
-    t = 0  # own tasks (and tensors: one per transfer) so far
+    tensor_device = np.empty(transfers, dtype=np.int64)
+    tensor_bytes = np.empty(transfers)
+    tensor_producer = np.empty(transfers, dtype=np.int64)
+    counts = np.zeros((m_pairs, 6), dtype=np.int64)
+    t = 0  # tasks so far (all fragments)
+    n_tensors = 0
     h = 0  # resources
     e = 0  # dependencies
     q = 0  # reads
-    for b in range(num_bundles):
-        sk = bundle_skeleton[b]
-        first = sk_first_transfer[sk]
-        n = sk_transfers[sk]
-        unit = bundle_unit[b]
-        p_base = unit * p_replicas if unit >= 0 else -1
-        p_first = p_tensor[unit] if unit >= 0 else -1
-        c0 = bundle_category[b]
-        t0 = t
-        for i in range(first, first + n):
-            src, dst = tr_src[i], tr_dst[i]
-            k = tr_first_part[i]
-            nbytes = category_bytes[c0 + part_category[k]] * part_fraction[k]
-            for k in range(tr_first_part[i] + 1, tr_first_part[i] + tr_parts[i]):
-                nbytes += category_bytes[c0 + part_category[k]] * part_fraction[k]
-            count = 0
-            for k in range(tr_first_counted[i], tr_first_counted[i] + tr_counted[i]):
-                count += category_count[c0 + counted_category[k]]
-            duration[t] = count * alpha[src, dst] + nbytes / beta[src, dst] if nbytes > 0 else 0.0
-            nres[t] = 1
-            if nic_out[src, dst] >= 0:
-                res[h] = nic_out[src, dst]
+    for m in range(m_pairs):
+        t_pair, h_pair, e_pair, q_pair = t, h, e, q
+        r_c = c_replicas[m]
+        p_r = p_replicas[m]
+        index = p_index[m]
+        p_devices = p_task_device[p_task_ptr[m]:p_task_ptr[m + 1]]
+        c_devices = c_task_device[c_task_ptr[m]:c_task_ptr[m + 1]]
+        p_first_tensor = p_tensor[p_tensor_ptr[m]:p_tensor_ptr[m + 1]]
+        own_task, own_tensor = first_task[m] - t_pair, first_tensor[m] - t_pair  # + t: task t's id, tensor's
+        for b in range(pair_bundle_ptr[m], pair_bundle_ptr[m + 1]):
+            sk = bundle_skeleton[b]
+            first = sk_first_transfer[sk]
+            n = sk_transfers[sk]
+            unit = bundle_unit[b]
+            p_base = unit * p_r if unit >= 0 else -1
+            p_first = p_first_tensor[unit] if unit >= 0 else -1
+            c0 = category_base[m] + bundle_category[b + m]
+            t0 = t
+            for i in range(first, first + n):
+                src, dst = tr_src[i], tr_dst[i]
+                k = tr_first_part[i]
+                nbytes = category_bytes[c0 + part_category[k]] * part_fraction[k]
+                for k in range(tr_first_part[i] + 1, tr_first_part[i] + tr_parts[i]):
+                    nbytes += category_bytes[c0 + part_category[k]] * part_fraction[k]
+                count = 0
+                for k in range(tr_first_counted[i], tr_first_counted[i] + tr_counted[i]):
+                    count += category_count[c0 + counted_category[k]]
+                duration[t] = count * alpha[src, dst] + nbytes / beta[src, dst] if nbytes > 0 else 0.0
+                kind[t] = TASK_TRANSFER
+                nres[t] = 1
+                if nic_out[src, dst] >= 0:
+                    res[h] = nic_out[src, dst]
+                    h += 1
+                    nres[t] += 1
+                if nic_in[src, dst] >= 0:
+                    res[h] = nic_in[src, dst]
+                    h += 1
+                    nres[t] += 1
+                res[h] = link_base + src * num_devices + dst
                 h += 1
-                nres[t] += 1
-            if nic_in[src, dst] >= 0:
-                res[h] = nic_in[src, dst]
-                h += 1
-                nres[t] += 1
-            res[h] = link_base + src * num_devices + dst
-            h += 1
-            task = first_task + t
-            replica = _replica(unit, src, p_replicas, p_index, p_task_device)
-            if replica >= 0:  # it sends the producer's copy on its source
-                dep_task[e] = task
-                dep_on[e] = p_base + replica
-                e += 1
-                if p_first >= 0:
-                    read_tensor[q] = p_first + replica
-                    read_task[q] = task
-                    q += 1
-            if tr_stage[i] == 2:  # an AddN root forwards what reached it in stage 1
-                for j in range(first, first + n):
-                    if tr_stage[j] == 1 and tr_dst[j] == src:
-                        dep_task[e] = task
-                        dep_on[e] = first_task + t0 + j - first
-                        e += 1
-                        read_tensor[q] = first_tensor + t0 + j - first
-                        read_task[q] = task
-                        q += 1
-            tensor_device[t] = dst
-            tensor_bytes[t] = nbytes
-            t += 1
-        for c in range(bundle_consumer_ptr[b], bundle_consumer_ptr[b + 1]):
-            c_first = bundle_consumer[c] * r_c
-            for r in range(r_c):
-                device = c_task_device[c_first + r]
-                task = c_shift + c_first + r
-                replica = _replica(unit, device, p_replicas, p_index, p_task_device)
-                if sk_local[sk * num_devices + device] and replica >= 0 and p_base + replica != task:
+                task = own_task + t
+                replica = _replica(unit, src, p_r, index, p_devices)
+                if replica >= 0:  # it sends the producer's copy on its source
                     dep_task[e] = task
                     dep_on[e] = p_base + replica
                     e += 1
@@ -1127,59 +1172,80 @@ def _pair_transfers(bundle_unit, bundle_category, bundle_consumer_ptr, bundle_co
                         read_tensor[q] = p_first + replica
                         read_task[q] = task
                         q += 1
-                for j in range(first, first + n):
-                    if tr_dst[j] == device:
+                if tr_stage[i] == 2:  # an AddN root forwards what reached it in stage 1
+                    for j in range(first, first + n):
+                        if tr_stage[j] == 1 and tr_dst[j] == src:
+                            dep_task[e] = task
+                            dep_on[e] = own_task + t0 + j - first
+                            e += 1
+                            read_tensor[q] = own_tensor + t0 + j - first
+                            read_task[q] = task
+                            q += 1
+                tensor_device[n_tensors] = dst
+                tensor_bytes[n_tensors] = nbytes
+                tensor_producer[n_tensors] = task
+                n_tensors += 1
+                t += 1
+            for c in range(consumer_base[m] + bundle_consumer_ptr[b + m], consumer_base[m] + bundle_consumer_ptr[b + m + 1]):
+                c_first = bundle_consumer[c] * r_c
+                for r in range(r_c):
+                    device = c_devices[c_first + r]
+                    task = c_shift[m] + c_first + r
+                    replica = _replica(unit, device, p_r, index, p_devices)
+                    if sk_local[sk * num_devices + device] and replica >= 0 and p_base + replica != task:
                         dep_task[e] = task
-                        dep_on[e] = first_task + t0 + j - first
+                        dep_on[e] = p_base + replica
                         e += 1
-                        read_tensor[q] = first_tensor + t0 + j - first
+                        if p_first >= 0:
+                            read_tensor[q] = p_first + replica
+                            read_task[q] = task
+                            q += 1
+                    for j in range(first, first + n):
+                        if tr_dst[j] == device:
+                            dep_task[e] = task
+                            dep_on[e] = own_task + t0 + j - first
+                            e += 1
+                            read_tensor[q] = own_tensor + t0 + j - first
+                            read_task[q] = task
+                            q += 1
+        counts[m, 5] = t - t_pair
+        # the collectives: each waits for the producer unit's replica on each of its devices and reads its
+        # output there; every replica of every consumer unit waits for it
+        for j in range(pair_collective_ptr[m], pair_collective_ptr[m + 1]):
+            b = collective_bundle[j]
+            task = own_task + t
+            duration[t] = collective_duration[j]
+            kind[t] = TASK_COLLECTIVE
+            nres[t] = collective_res_ptr[j + 1] - collective_res_ptr[j]
+            for k in range(collective_res_ptr[j], collective_res_ptr[j + 1]):
+                res[h] = collective_res[k]
+                h += 1
+            unit = bundle_unit[b]
+            if unit >= 0:
+                p_first = p_first_tensor[unit]
+                for k in range(holder_ptr[j], holder_ptr[j + 1]):
+                    replica = _replica(unit, holders[k], p_r, index, p_devices)
+                    dep_task[e] = task
+                    dep_on[e] = unit * p_r + replica
+                    e += 1
+                    if p_first >= 0:
+                        read_tensor[q] = p_first + replica
                         read_task[q] = task
                         q += 1
-    tensor_producer = first_task + np.arange(tasks)
-    return (duration, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device, tensor_bytes,
-            tensor_producer, read_tensor[:q].copy(), read_task[:q].copy())
-
-
-@_jit
-def _pair_collectives(which, holder_ptr, holders, bundle_unit, bundle_consumer_ptr, bundle_consumer, p_replicas,
-                      p_index, p_task_device, p_tensor, r_c, c_shift, first_task):
-    """The dependencies and reads of a pair fragment's K collectives (``_Compiler._emit_collectives``, in its
-    order): collective j (task ``first_task + j``, of bundle ``which[j]``, over the devices
-    ``holders[holder_ptr[j]:holder_ptr[j + 1]]``) waits for the producer unit's replica on each holder and
-    reads its output there; every replica of every consumer unit waits for the collective. Blocks as in
-    :func:`_pair_transfers`. Returns (dep_task, dep_on, read_tensor, read_task)."""
-    deps = 0
-    for j in range(which.size):
-        b = which[j]
-        deps += holder_ptr[j + 1] - holder_ptr[j] + (bundle_consumer_ptr[b + 1] - bundle_consumer_ptr[b]) * r_c
-    dep_task = np.empty(deps, dtype=np.int64)
-    dep_on = np.empty(deps, dtype=np.int64)
-    read_tensor = np.empty(deps, dtype=np.int64)
-    read_task = np.empty(deps, dtype=np.int64)
-    e = 0
-    q = 0
-    for j in range(which.size):
-        b = which[j]
-        task = first_task + j
-        unit = bundle_unit[b]
-        if unit >= 0:
-            p_first = p_tensor[unit]
-            for h in range(holder_ptr[j], holder_ptr[j + 1]):
-                replica = _replica(unit, holders[h], p_replicas, p_index, p_task_device)
-                dep_task[e] = task
-                dep_on[e] = unit * p_replicas + replica
-                e += 1
-                if p_first >= 0:
-                    read_tensor[q] = p_first + replica
-                    read_task[q] = task
-                    q += 1
-        for c in range(bundle_consumer_ptr[b], bundle_consumer_ptr[b + 1]):
-            c_first = c_shift + bundle_consumer[c] * r_c
-            for r in range(r_c):
-                dep_task[e] = c_first + r
-                dep_on[e] = task
-                e += 1
-    return dep_task[:e].copy(), dep_on[:e].copy(), read_tensor[:q].copy(), read_task[:q].copy()
+            for c in range(consumer_base[m] + bundle_consumer_ptr[b + m], consumer_base[m] + bundle_consumer_ptr[b + m + 1]):
+                c_first = c_shift[m] + bundle_consumer[c] * r_c
+                for r in range(r_c):
+                    dep_task[e] = c_first + r
+                    dep_on[e] = task
+                    e += 1
+            t += 1
+        counts[m, 0] = t - t_pair
+        counts[m, 1] = h - h_pair
+        counts[m, 2] = e - e_pair
+        counts[m, 3] = counts[m, 5]
+        counts[m, 4] = q - q_pair
+    return (duration, kind, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device,
+            tensor_bytes, tensor_producer, read_tensor[:q].copy(), read_task[:q].copy(), counts)
 
 
 @_jit
