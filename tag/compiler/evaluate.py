@@ -660,8 +660,8 @@ class StrategyEvaluator:
         :meth:`_pair_skeletons` and those skeletons' rows in the store (in order), built by one call of
         :func:`_pair_fragments` and queued in the arena; returns their ids."""
         blocks, groups = [], []
-        bundle_ptr, units, categories, category_base, consumer_ptrs, consumer_base, consumers, skeletons_of = (
-            [0], [], [], [], [], [], [], [])
+        bundle_ptr, units, categories, category_base, consumer_ptrs, consumer_base, consumers, kinds, kind_base = (
+            [0], [], [], [], [], [], [], [], [])
         category_bytes, category_count = [], []
         p_replicas, p_index, p_devices, p_tensors, c_replicas, c_devices, c_shift = [], [], [], [], [], [], []
         collective_ptr, collective_bundle, holder_ptr, holders, collective_seconds, held_ptr, held = (
@@ -674,8 +674,9 @@ class StrategyEvaluator:
                            0 if same else block_c.tensors))
             groups.append(block_c.layout.group)
             bundles, unit, category, consumer_ptr, consumer, nbytes, count, kind_of, _ = static
-            start, end = end, end + len(skeletons)
-            skeletons_of.append(skeleton_rows[start:end][kind_of])
+            kind_base.append(end)
+            end += len(skeletons)
+            kinds.append(kind_of)
             category_base.append(categories_so_far)
             consumer_base.append(consumers_so_far)
             categories_so_far += len(nbytes)
@@ -712,7 +713,8 @@ class StrategyEvaluator:
         (duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
          read_task, counts) = _pair_fragments(
             np.array(bundle_ptr, dtype=np.int64), cat(units), cat(categories), np.array(category_base, dtype=np.int64),
-            cat(consumer_ptrs), np.array(consumer_base, dtype=np.int64), cat(consumers), cat(skeletons_of),
+            cat(consumer_ptrs), np.array(consumer_base, dtype=np.int64), cat(consumers), cat(kinds),
+            np.array(kind_base, dtype=np.int64), np.asarray(skeleton_rows, dtype=np.int64),
             cat(category_bytes, np.float64), cat(category_count), *self._skeletons.arrays(),
             self.cluster.num_devices, np.array(p_replicas, dtype=np.int64), np.stack(p_index), ptr(p_devices),
             cat(p_devices), ptr(p_tensors), cat(p_tensors), np.array(c_replicas, dtype=np.int64), ptr(c_devices),
@@ -1058,7 +1060,8 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
 
 @_jit
 def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base, bundle_consumer_ptr,
-                    consumer_base, bundle_consumer, bundle_skeleton, category_bytes, category_count,
+                    consumer_base, bundle_consumer, bundle_kind, kind_base, skeleton_rows, category_bytes,
+                    category_count,
                     sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts,
                     tr_first_counted, tr_counted, part_category, part_fraction, counted_category, sk_local,
                     num_devices, p_replicas, p_index, p_task_ptr, p_task_device, p_tensor_ptr, p_tensor, c_replicas,
@@ -1071,7 +1074,8 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
     from 0, C's from ``c_shift[m]``, own tasks from ``first_task[m]``, own tensors from ``first_tensor[m]``).
 
     Bundles: pair m's are ``pair_bundle_ptr[m]:pair_bundle_ptr[m + 1]``; their producer unit's index in P
-    (-1: input ops), skeleton, first category (``bundle_category``, pair m's B + 1 entries from
+    (-1: input ops), kind (its skeleton's row in the store: ``skeleton_rows[kind_base[m] + kind]``), first
+    category (``bundle_category``, pair m's B + 1 entries from
     ``pair_bundle_ptr[m] + m``, into category_bytes / category_count from ``category_base[m]``) and consumer
     units' indices in C (``bundle_consumer_ptr`` likewise, into bundle_consumer from ``consumer_base[m]``).
     Skeletons: see :class:`_Skeletons`. A block (P's, C's) has R tasks per unit (unit u's replica r is task
@@ -1091,7 +1095,7 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
     resources = 0
     for m in range(m_pairs):
         for b in range(pair_bundle_ptr[m], pair_bundle_ptr[m + 1]):
-            sk = bundle_skeleton[b]
+            sk = skeleton_rows[kind_base[m] + bundle_kind[b]]
             n = sk_transfers[sk]
             transfers += n
             consumers = bundle_consumer_ptr[b + m + 1] - bundle_consumer_ptr[b + m]
@@ -1132,7 +1136,7 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
         p_first_tensor = p_tensor[p_tensor_ptr[m]:p_tensor_ptr[m + 1]]
         own_task, own_tensor = first_task[m] - t_pair, first_tensor[m] - t_pair  # + t: task t's id, tensor's
         for b in range(pair_bundle_ptr[m], pair_bundle_ptr[m + 1]):
-            sk = bundle_skeleton[b]
+            sk = skeleton_rows[kind_base[m] + bundle_kind[b]]
             first = sk_first_transfer[sk]
             n = sk_transfers[sk]
             unit = bundle_unit[b]

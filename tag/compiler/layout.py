@@ -86,6 +86,8 @@ class ClusterContext:
     hops: dict = field(default_factory=dict)  # (src, dst) -> bandwidth of that one hop alone (hop_bandwidths)
     collective_held: dict = field(default_factory=dict)  # devices -> resources a collective over them holds
     blocks: dict = field(default_factory=dict)  # layout key -> its compute tasks as lists (compute_block)
+    placements: dict = field(default_factory=dict)  # (placement row, sync option, batch split) -> _placement
+    unit_tables: dict = field(default_factory=dict)  # group -> its units' rows of the compute and output tables
     mp_splits: dict = field(default_factory=dict)
     mp_cuts: dict = field(default_factory=dict)  # (group, device types) -> its model-parallel cut (_cut_group)
     mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them
@@ -181,6 +183,7 @@ def group_layout(tables: CompilerTables, context: ClusterContext, strategy: Stra
         if len(context.layouts) > _MAX_CACHED_LAYOUTS:
             context.layouts.clear()
             context.blocks.clear()
+            context.placements.clear()
         layout = _make_layout(tables, context, group, mask, option, strategy.batch_split)._replace(key=key)
         context.layouts[key] = layout
     return layout
@@ -202,10 +205,34 @@ def compute_block(tables: CompilerTables, context: ClusterContext, layout: Group
 
 def _make_layout(tables: CompilerTables, context: ClusterContext, group: int, mask: np.ndarray, option: int,
                  batch_split: str) -> GroupLayout:
-    cluster = context.cluster
-    devices = np.flatnonzero(mask[cluster.device_group])
+    split_option = option in SYNC_OPTIONS
+    key = (mask.tobytes(), split_option, batch_split)
+    placed = context.placements.get(key)
+    if placed is None:
+        placed = context.placements[key] = _placement(context, mask, split_option, batch_split)
+    devices, fraction, device_types, base = placed
+    if option == MODEL_PARALLEL and len(devices) > 1:
+        pieces, op_device, op_piece = _model_parallel_pieces(tables, context, group, devices)
+        return GroupLayout(group=group, option=option, **base, durations=np.zeros((0, len(devices))), pieces=pieces,
+                           op_device=op_device, op_piece=op_piece)
+    per_group = context.unit_tables.get(group)
+    if per_group is None:
+        units = tables.group_units[group]
+        per_group = context.unit_tables[group] = (tables.unit_time_fixed[units], tables.unit_time_scaled[units],
+                                                  tables.unit_out_rows[units][:, None],
+                                                  tables.unit_out_fixed[units][:, None])
+    time_fixed, time_scaled, out_rows, out_fixed = per_group
+    durations = time_fixed[:, device_types] + time_scaled[:, device_types] * fraction
+    out = out_rows * fraction[None, :] + out_fixed
+    return GroupLayout(group=group, option=option, **base, durations=durations, out=out)
+
+
+def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, batch_split: str) -> tuple:
+    """What a layout takes from its placement row, whatever its group: (devices, batch fraction [R], device
+    types [R], the layout's devices, fraction, lo, hi and split fields)."""
+    devices = np.flatnonzero(mask[context.cluster.device_group])
     r = devices.size
-    split = option in SYNC_OPTIONS and r >= 2
+    split = split_option and r >= 2
     if split:
         weight = context.speed[devices] if batch_split == "speed" else np.ones(r)
         fraction = weight / weight.sum()
@@ -214,16 +241,10 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, group: int, ma
         lo = np.concatenate([[0.0], hi[:-1]])
     else:
         fraction, lo, hi = np.ones(r), np.zeros(r), np.ones(r)
-    device_types = context.type_array[devices]
-    units = tables.group_units[group]
-    base = dict(group=group, option=option, devices=tuple(devices.tolist()), fraction=tuple(fraction.tolist()),
-                lo=tuple(lo.tolist()), hi=tuple(hi.tolist()), split=split)
-    if option == MODEL_PARALLEL and r > 1:
-        pieces, op_device, op_piece = _model_parallel_pieces(tables, context, group, tuple(devices.tolist()))
-        return GroupLayout(**base, durations=np.zeros((0, r)), pieces=pieces, op_device=op_device, op_piece=op_piece)
-    durations = tables.unit_time_fixed[units][:, device_types] + tables.unit_time_scaled[units][:, device_types] * fraction
-    out = tables.unit_out_rows[units][:, None] * fraction[None, :] + tables.unit_out_fixed[units][:, None]
-    return GroupLayout(**base, durations=durations, out=out)
+    device_tuple = tuple(devices.tolist())
+    base = dict(devices=device_tuple, fraction=tuple(fraction.tolist()), lo=tuple(lo.tolist()),
+                hi=tuple(hi.tolist()), split=split)
+    return device_tuple, fraction, context.type_array[devices], base
 
 
 def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]):
