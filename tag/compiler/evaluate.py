@@ -197,12 +197,19 @@ class _Arena(_Columns):
                 continue
             rows_of = entry_rows[:, tables.index(table)]  # [entries]
             dtype = np.int64 if name in _TASK_REFS or name == "read_tensor" else dtype
-            if all(isinstance(value, int) for value in given):  # one value per entry (a bool is an int)
-                merged[name] = np.repeat(np.array(given, dtype=dtype), rows_of)
+            arrays = [k for k, value in enumerate(given) if not (value is None or isinstance(value, int))]
+            if 2 * len(arrays) > len(given):
+                merged[name] = np.concatenate(
+                    [np.full(rows_of[k], value, dtype=dtype) if value is None or isinstance(value, int) else value
+                     for k, value in enumerate(given)], dtype=dtype, casting="unsafe")
                 continue
-            merged[name] = np.concatenate(
-                [np.full(rows_of[k], value, dtype=dtype) if value is None or isinstance(value, int) else value
-                 for k, value in enumerate(given)], dtype=dtype, casting="unsafe")
+            # mostly one value per entry (a bool is an int): repeated, then the few arrays written over them
+            values = merged[name] = np.repeat(np.array([0 if k in arrays else value or 0 for k, value in enumerate(given)],
+                                                       dtype=dtype), rows_of)
+            if arrays:
+                ends = np.cumsum(rows_of).tolist()
+                for k in arrays:
+                    values[ends[k] - rows_of[k]:ends[k]] = given[k]
         # a task's dependency on itself (inside a pair of one group's fragments) goes, as merging drops it
         dep = tables.index("dep")
         keep = merged["dep_task"] != merged["dep_on"]
