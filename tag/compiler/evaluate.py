@@ -88,6 +88,9 @@ _SEGMENT_SHIFT = 29
 _IN_SEGMENT = (1 << _SEGMENT_SHIFT) - 1
 _TASK_REFS = ("dep_task", "dep_on", "tensor_producer", "read_task")
 _TABLES = ("task", "res", "dep", "tensor", "read")  # the arena's tables, in the order of its fragment counts
+_GROUP_COLUMNS = {"task": ("duration", "kind", "group", "nres"), "res": ("res",), "dep": ("dep_task", "dep_on"),
+                  "tensor": ("tensor_device", "tensor_bytes", "tensor_producer", "tensor_persistent"),
+                  "read": ("read_tensor", "read_task")}  # what _compile_replicated stores, by table
 _PAIR_COLUMNS = {"task": ("duration", "kind", "group", "nres"), "res": ("res",), "dep": ("dep_task", "dep_on"),
                  "tensor": ("tensor_device", "tensor_bytes", "tensor_producer"),
                  "read": ("read_tensor", "read_task")}  # what _pair_fragments returns, by table
@@ -390,7 +393,16 @@ class StrategyEvaluator:
         self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * d
         self._pair_static: dict[tuple[int, int], tuple] = {}
         self._local_pair_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-        self._replica_shapes: dict[tuple, tuple] = {}  # (group, R, units that output) -> _replica_shape
+        # per group, for _replica_fragments: its units (CSR), the pairs of its units that read each other's
+        # outputs (CSR of src -> dst unit indices, _local_pairs' order), its persistent bytes on each replica
+        self._unit_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
+        np.cumsum([units.size for units in self.tables.group_units], out=self._unit_ptr[1:])
+        local = [self._local_pairs(g) for g in range(group_graph.num_groups)]
+        self._local_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
+        np.cumsum([src.size for src, _ in local], out=self._local_ptr[1:])
+        self._local_src = np.concatenate([src for src, _ in local] + [np.zeros(0, dtype=np.int64)])
+        self._local_dst = np.concatenate([dst for _, dst in local] + [np.zeros(0, dtype=np.int64)])
+        self._persistent = ADAM_COPIES * np.asarray(self.tables.group_param_bytes, dtype=np.float64)  # [G]
         self._skeleton_compiler = self._compiler()  # makes the pairs' bundles and skeletons (_pair_skeletons)
         self._clear()
 
@@ -453,13 +465,21 @@ class StrategyEvaluator:
                 np.flatnonzero((code_array != last[0]) | (options != last[1])).tolist()
         ids = [0] * len(codes) if stale is None else list(self._last_groups[3])
         option_list = options.tolist()
+        replicated = []  # (group, its cache key, layout) of the new replicated layouts, built at once below
         for g in range(len(codes)) if stale is None else stale:
             cache = self._group_fragments[g]
             key = (codes[g], option_list[g], split)
             fragment = cache.get(key)
             if fragment is None:
-                fragment = cache[key] = self._compile_group(group_layout(self.tables, self.context, strategy, g))
+                layout = group_layout(self.tables, self.context, strategy, g)
+                if not layout.model_parallel:
+                    replicated.append((g, key, layout))
+                    continue
+                fragment = cache[key] = self._compile_model_parallel(layout)
             ids[g] = fragment
+        if replicated:
+            for (g, key, _), fragment in zip(replicated, self._compile_replicated([r[2] for r in replicated])):
+                ids[g] = self._group_fragments[g][key] = fragment
         if code_array is not None:
             self._last_groups = (code_array, options.copy(), split, ids)
         return ids
@@ -505,34 +525,68 @@ class StrategyEvaluator:
     def _compiler(self) -> _Compiler:
         return _Compiler(self.tables, self.context, None, None, dense_links=True)
 
-    def _compile_group(self, layout: GroupLayout) -> int:
-        if layout.model_parallel:  # pieces by METIS: the compiler's own code
-            compiler = self._compiler()
-            block = compiler.group_fragment(layout)
-            rows = self._compiler_rows(compiler)
-            tasks = len(compiler.kind)
-            merged, new_id, start_lag, end_lag = self._merge_group(rows, np.full(tasks, -1, dtype=np.int64))
-            num_merged = len(merged["duration"])
-            fragment = self._arena.add(merged, (0, 0, 0, 0), num_merged)
-            first_piece = self.tables.piece_unit(layout.group, 0)
-            pieces = range(first_piece, first_piece + len(layout.pieces))
-            self._block_of.append(_GroupBlock(
-                layout, block[2], block[3], num_merged, new_id, start_lag, end_lag, 1,
-                np.array([piece.device for piece in layout.pieces], dtype=np.int64),
-                np.full(self.cluster.num_devices, -1, dtype=np.int64),
-                np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64)))
-            return fragment
-        rows, tensor_first, compute_tensors = self._replica_rows(layout)
-        merged, new_id, start_lag, end_lag = self._merge_group(rows, rows.pop("merge_key"))
-        tasks = len(rows["duration"])
+    def _compile_model_parallel(self, layout: GroupLayout) -> int:
+        """The group fragment of a model-parallel layout (pieces by METIS): the compiler's own code."""
+        compiler = self._compiler()
+        block = compiler.group_fragment(layout)
+        rows = self._compiler_rows(compiler)
+        tasks = len(compiler.kind)
+        merged, new_id, start_lag, end_lag = self._merge_group(rows, np.full(tasks, -1, dtype=np.int64))
         num_merged = len(merged["duration"])
         fragment = self._arena.add(merged, (0, 0, 0, 0), num_merged)
-        index = np.full(self.cluster.num_devices, -1, dtype=np.int64)
-        index[list(layout.devices)] = np.arange(len(layout.devices))
-        self._block_of.append(_GroupBlock(layout, tasks, compute_tensors, num_merged, new_id, start_lag, end_lag,
-                                          len(layout.devices), np.asarray(rows["res"], dtype=np.int64), index,
-                                          tensor_first))
+        first_piece = self.tables.piece_unit(layout.group, 0)
+        pieces = range(first_piece, first_piece + len(layout.pieces))
+        self._block_of.append(_GroupBlock(
+            layout, block[2], block[3], num_merged, new_id, start_lag, end_lag, 1,
+            np.array([piece.device for piece in layout.pieces], dtype=np.int64),
+            np.full(self.cluster.num_devices, -1, dtype=np.int64),
+            np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64)))
         return fragment
+
+    def _compile_replicated(self, layouts: list[GroupLayout]) -> list[int]:
+        """The group fragments of F replicated layouts, built by one call of :func:`_replica_fragments` exactly
+        as ``_Compiler.group_fragment`` builds each (compute tasks unit-major then replica, their output
+        tensors, the dependencies among them, the persistent memory), queued in the arena; returns their ids."""
+        groups = np.array([layout.group for layout in layouts], dtype=np.int64)  # [F]
+        devices = [layout.devices for layout in layouts]
+        device_ptr = np.zeros(len(layouts) + 1, dtype=np.int64)
+        np.cumsum([len(d) for d in devices], out=device_ptr[1:])
+        (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
+         read_task, tensor_first, index, counts) = _replica_fragments(
+            groups, device_ptr, np.fromiter((d for ds in devices for d in ds), dtype=np.int64, count=device_ptr[-1]),
+            np.concatenate([layout.out.reshape(-1) for layout in layouts]), self._unit_ptr, self._local_ptr,
+            self._local_src, self._local_dst, self._persistent, self.cluster.num_devices)
+        duration = np.concatenate([layout.durations.reshape(-1) for layout in layouts])
+        rows = {"duration": duration, "kind": TASK_COMPUTE, "group": np.repeat(groups, counts[:, 0]), "nres": 1,
+                "res": res, "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
+                "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
+                "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
+        ends = np.cumsum(counts, axis=0)
+        units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
+        unit_end = np.cumsum(units)
+        fragments = []
+        if not self._merging:
+            first = self._arena.add_many(rows, np.zeros((len(layouts), 4), dtype=np.int64), counts[:, 0],
+                                         counts[:, :5])
+            fragments = list(range(first, first + len(layouts)))
+        for f, layout in enumerate(layouts):
+            tasks, tensors = int(counts[f, 0]), int(counts[f, 5])
+            task_device = res[ends[f, 0] - tasks:ends[f, 0]]
+            new_id = start_lag = end_lag = None
+            merged = tasks
+            if self._merging:  # each fragment's chunks merged on its own
+                one = {name: value if np.isscalar(value) else
+                       value[slice(ends[f, _TABLES.index(t)] - counts[f, _TABLES.index(t)], ends[f, _TABLES.index(t)])]
+                       for t, names in _GROUP_COLUMNS.items() for name in names for value in (rows[name],)}
+                part = self.tables.unit_part[self.tables.group_units[layout.group]]
+                merge_key = (part[:, None] * self.cluster.num_devices + np.asarray(layout.devices)).reshape(-1)
+                one, new_id, start_lag, end_lag = self._merge_group(one, merge_key)
+                merged = len(one["duration"])
+                fragments.append(self._arena.add(one, (0, 0, 0, 0), merged))
+            self._block_of.append(_GroupBlock(layout, tasks, tensors, merged, new_id, start_lag, end_lag,
+                                              len(layout.devices), task_device, index[f],
+                                              tensor_first[unit_end[f] - units[f]:unit_end[f]]))
+        return fragments
 
     def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, Any, Any, Any]:
         """A group fragment's rows with the chunks of each part merged (:func:`tag.sim.kernels.merge_chunks`,
@@ -604,53 +658,6 @@ class StrategyEvaluator:
             read_task=new_ref[read_task], read_lag=end_lag[read_task],
         )
         return rows, blocks
-
-    def _replica_rows(self, layout: GroupLayout) -> tuple[dict, np.ndarray, int]:
-        """The group fragment of a replicated layout, built with numpy exactly as ``_Compiler.group_fragment``
-        builds it: compute tasks unit-major then replica, their output tensors, the dependencies among them,
-        the persistent memory. Returns (rows, first output tensor of each unit or -1 [units], output tensors)."""
-        tables = self.tables
-        g = layout.group
-        devices = np.array(layout.devices, dtype=np.int64)  # [R]
-        units = tables.group_units[g]
-        out = layout.out  # [units, R] output bytes of each task
-        has_out = out[:, 0] > 0  # [units] a unit outputs on every replica or on none
-        tensor_first, produced, rows = self._replica_shape(g, devices.size, has_out)
-        persistent = ADAM_COPIES * tables.group_param_bytes[g]
-        persistent_devices = devices if persistent > 0 else devices[:0]
-        rows = dict(rows, duration=layout.durations.reshape(-1), res=np.tile(devices, units.size),
-                    tensor_device=np.concatenate([np.tile(devices, produced.size // devices.size), persistent_devices]),
-                    tensor_bytes=np.concatenate([out[has_out].reshape(-1),
-                                                 np.full(persistent_devices.size, persistent)]))
-        if tables.unit_part is not None:
-            rows["merge_key"] = (tables.unit_part[units][:, None] * self.cluster.num_devices + devices).reshape(-1)
-        return rows, tensor_first, produced.size
-
-    def _replica_shape(self, group: int, r: int, has_out: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
-        """What a replicated group fragment's rows take from the group, its number of replicas R and which of
-        its units output (``has_out`` [units]), not from the devices or the batch split: (first output tensor
-        of each unit or -1 [units], producer task of each output tensor, the rows that depend on nothing else),
-        cached."""
-        key = (group, r, has_out.tobytes())
-        found = self._replica_shapes.get(key)
-        if found is None:
-            tasks = self.tables.group_units[group].size * r
-            tensor_first = np.where(has_out, (np.cumsum(has_out) - has_out) * r, -1)  # [units]
-            replica = np.arange(r)
-            produced = (np.flatnonzero(has_out)[:, None] * r + replica).reshape(-1)  # producer task of each tensor
-            persistent = r if ADAM_COPIES * self.tables.group_param_bytes[group] > 0 else 0
-            src, dst = self._local_pairs(group)  # [L] unit indices: dst reads src
-            reads = has_out[src]
-            rows = {
-                "kind": TASK_COMPUTE, "group": int(group), "merge_key": np.full(tasks, -1, dtype=np.int64), "nres": 1,
-                "dep_task": (dst[:, None] * r + replica).reshape(-1), "dep_on": (src[:, None] * r + replica).reshape(-1),
-                "tensor_producer": np.concatenate([produced, np.full(persistent, -1)]),
-                "tensor_persistent": np.concatenate([np.zeros(produced.size, dtype=bool), np.ones(persistent, dtype=bool)]),
-                "read_tensor": (tensor_first[src[reads]][:, None] + replica).reshape(-1),
-                "read_task": (dst[reads][:, None] * r + replica).reshape(-1),
-            }
-            found = self._replica_shapes[key] = (tensor_first, produced, rows)
-        return found
 
     def _local_pairs(self, group: int) -> tuple[np.ndarray, np.ndarray]:
         """(src [L], dst [L]) indices among the group's units of units reading each other's outputs."""
@@ -1063,6 +1070,114 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
             n += 1
     return (duration, kind, group, res_ptr, res, link_dense[:links].copy(), dep_task, dep_on, dep_lag, tensor_device,
             tensor_bytes, tensor_producer, alloc_lag, free_lag, tensor_persistent, read_tensor, read_task, read_lag)
+
+
+@_jit
+def _replica_fragments(groups, device_ptr, devices, out, unit_ptr, local_ptr, local_src, local_dst, persistent,
+                       num_devices):
+    """The group fragments of F replicated layouts, one after another: layout f is group ``groups[f]`` on the
+    R devices ``devices[device_ptr[f]:device_ptr[f + 1]]`` with output bytes ``out`` [units * R] (unit-major,
+    from the sum of the earlier layouts' units * R). Its tasks are unit-major then replica (unit u's replica
+    r is task u * R + r, on the r-th device); each unit that outputs (on every replica or on none: judged by
+    its first replica's bytes) has a tensor per replica, numbered in unit order; then, if the group has
+    persistent bytes, one persistent tensor per device. Every pair of the group's units that read each other
+    (``local_src -> local_dst`` [unit_ptr-style CSR ``local_ptr`` per group], unit indices) adds a dependency
+    per replica, and a read where the source outputs. Returns (res [tasks]: each task's device, dep_task,
+    dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor, read_task,
+    tensor_first (each unit's first output tensor, -1; units of layout f after the earlier layouts'),
+    index [F, D] (replica of each device, -1), counts [F, 6]: tasks, resources, dependencies, tensors, reads
+    and output tensors of each fragment)."""
+    f_count = groups.size
+    tasks = 0
+    deps = 0
+    tensors = 0
+    reads = 0
+    units_total = 0
+    o = 0  # into ``out``
+    for f in range(f_count):
+        g = groups[f]
+        r = device_ptr[f + 1] - device_ptr[f]
+        units = unit_ptr[g + 1] - unit_ptr[g]
+        tasks += units * r
+        deps += (local_ptr[g + 1] - local_ptr[g]) * r
+        for u in range(units):
+            if out[o + u * r] > 0:
+                tensors += r
+        for k in range(local_ptr[g], local_ptr[g + 1]):
+            if out[o + local_src[k] * r] > 0:
+                reads += r
+        if persistent[g] > 0:
+            tensors += r
+        units_total += units
+        o += units * r
+    res = np.empty(tasks, dtype=np.int64)
+    dep_task = np.empty(deps, dtype=np.int64)
+    dep_on = np.empty(deps, dtype=np.int64)
+    tensor_device = np.empty(tensors, dtype=np.int64)
+    tensor_bytes = np.empty(tensors)
+    tensor_producer = np.empty(tensors, dtype=np.int64)
+    tensor_persistent = np.zeros(tensors, dtype=np.bool_)
+    read_tensor = np.empty(reads, dtype=np.int64)
+    read_task = np.empty(reads, dtype=np.int64)
+    tensor_first = np.empty(units_total, dtype=np.int64)
+    index = np.full((f_count, num_devices), -1, dtype=np.int64)
+    counts = np.zeros((f_count, 6), dtype=np.int64)
+    t = 0
+    e = 0
+    n = 0
+    q = 0
+    w = 0  # into tensor_first
+    o = 0
+    for f in range(f_count):
+        g = groups[f]
+        first_device = device_ptr[f]
+        r = device_ptr[f + 1] - first_device
+        units = unit_ptr[g + 1] - unit_ptr[g]
+        n0, e0, q0 = n, e, q
+        for k in range(r):
+            index[f, devices[first_device + k]] = k
+        for u in range(units):
+            for k in range(r):
+                res[t + u * r + k] = devices[first_device + k]
+            if out[o + u * r] > 0:
+                tensor_first[w + u] = n - n0
+                for k in range(r):
+                    tensor_device[n] = devices[first_device + k]
+                    tensor_bytes[n] = out[o + u * r + k]
+                    tensor_producer[n] = u * r + k
+                    n += 1
+            else:
+                tensor_first[w + u] = -1
+        counts[f, 5] = n - n0
+        if persistent[g] > 0:
+            for k in range(r):
+                tensor_device[n] = devices[first_device + k]
+                tensor_bytes[n] = persistent[g]
+                tensor_producer[n] = -1
+                tensor_persistent[n] = True
+                n += 1
+        for k in range(local_ptr[g], local_ptr[g + 1]):
+            for j in range(r):
+                dep_task[e] = local_dst[k] * r + j
+                dep_on[e] = local_src[k] * r + j
+                e += 1
+        for k in range(local_ptr[g], local_ptr[g + 1]):
+            first = tensor_first[w + local_src[k]]
+            if first >= 0:
+                for j in range(r):
+                    read_tensor[q] = first + j
+                    read_task[q] = local_dst[k] * r + j
+                    q += 1
+        counts[f, 0] = units * r
+        counts[f, 1] = units * r
+        counts[f, 2] = e - e0
+        counts[f, 3] = n - n0
+        counts[f, 4] = q - q0
+        t += units * r
+        w += units
+        o += units * r
+    return (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
+            read_task, tensor_first, index, counts)
 
 
 @_jit
