@@ -612,7 +612,7 @@ def test_arena_stores_queued_fragments_in_one_go():
 
 
 def test_evaluator_columns_keep_their_rows_as_they_grow():
-    """The evaluator's column store doubles its arrays past 1024 rows; every row written stays readable,
+    """The evaluator's column store grows its arrays past 1024 rows; every row written stays readable,
     in order, through the growths, per table."""
     from tag.compiler.evaluate import _Columns
 

@@ -69,7 +69,7 @@ __all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
 
 DEFAULT_MAX_CACHED_TASKS = 3_000_000  # tasks kept in the fragment arena (~70 bytes each) before it is emptied
 # Rows each arena column starts with: zeroed pages are mapped as they are first written, so a large start
-# costs no memory until it is used, and spares the copies of many doublings (a search's first hundred
+# costs no memory until it is used, and spares the copies of early growths (a search's first hundred
 # evaluations store about half a million tasks, over a million dependencies).
 _ARENA_CAPACITY = 1 << 20
 
@@ -99,7 +99,7 @@ _FIRST_COLUMN = {"task": "duration", "res": "res", "dep": "dep_task", "tensor": 
 
 
 class _Columns:
-    """Named column arrays that grow by doubling. Each column belongs to a table whose rows it indexes."""
+    """Named column arrays that grow 4 times at a time. Each column belongs to a table whose rows it indexes."""
 
     def __init__(self, specs: dict[str, tuple[type, str]], capacity: int = 1024) -> None:
         self.specs = specs  # column -> (dtype, table)
@@ -114,8 +114,9 @@ class _Columns:
         for name, (dtype, table) in self.specs.items():
             start, count = first[table], counts[table]
             column = self.columns[name]
-            if start + count > column.size:  # the rows in use move to a column twice as long (or enough)
-                grown = np.empty(max(2 * column.size, start + count), dtype=column.dtype)
+            if start + count > column.size:  # the rows in use move to a column 4 times as long (or enough):
+                # its pages are mapped as they are first written, so only the rows copied cost at once
+                grown = np.empty(max(4 * column.size, start + count), dtype=column.dtype)
                 grown[:start] = column[:start]
                 column = self.columns[name] = grown
             values = rows.get(name)
@@ -404,6 +405,7 @@ class StrategyEvaluator:
         self._local_dst = np.concatenate([dst for _, dst in local] + [np.zeros(0, dtype=np.int64)])
         self._persistent = ADAM_COPIES * np.asarray(self.tables.group_param_bytes, dtype=np.float64)  # [G]
         self._skeleton_compiler = self._compiler()  # makes the pairs' bundles and skeletons (_pair_skeletons)
+        self._kind_sets: dict[tuple, int] = {}  # the kinds of a pair's bundles, in order -> an id (_bundle_arrays)
         self._clear()
 
     def _clear(self) -> None:
@@ -412,6 +414,7 @@ class StrategyEvaluator:
         self._pair_fragments: dict[tuple[int, int], int] = {}  # (group fragment of P, of C) -> id
         self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
         self._skeletons = _Skeletons(self.cluster.num_devices)
+        self._skeleton_lists: dict[tuple, list] = {}  # (kind set, P's row, C's row) -> _pair_skeletons' list
         self._last_ids: tuple[np.ndarray | None, np.ndarray | None] = (None, None)  # ([G] group, [P] pair fragments)
         self._last_groups: tuple | None = None  # ([G] row codes, [G] options, batch split, [G] group fragments)
 
@@ -515,8 +518,15 @@ class StrategyEvaluator:
             # the skeletons of every new pair first, stored in one go; then the fragments, in pair order
             keys = [key for _, key in misses]
             prepared = [self._pair_skeletons(*key) for key in keys]
-            rows = self._skeletons.ids_of([skeleton for _, skeletons in prepared for skeleton in skeletons])
-            for (k, key), fragment in zip(misses, self._compile_pairs(keys, prepared, rows)):
+            # skeleton lists not stored yet (pairs of repeated layers share one)
+            new = list({id(found): found for _, found in prepared if found[1] is None}.values())
+            if new:  # stored in one go
+                rows = self._skeletons.ids_of([skeleton for skeletons, _, _ in new for skeleton in skeletons])
+                end = 0
+                for found in new:
+                    start, end = end, end + len(found[0])
+                    found[1] = rows[start:end]
+            for (k, key), fragment in zip(misses, self._compile_pairs(keys, prepared)):
                 ids[k] = cache[key] = fragment
         self._last_ids = (groups, ids)
         return ids
@@ -669,10 +679,10 @@ class StrategyEvaluator:
                                                      np.array([b for _, b in pairs], dtype=np.int64))
         return found
 
-    def _compile_pairs(self, keys: list[tuple[int, int]], prepared: list[tuple], skeleton_rows: np.ndarray) -> list[int]:
+    def _compile_pairs(self, keys: list[tuple[int, int]], prepared: list[tuple]) -> list[int]:
         """The pair fragments of M pairs of group fragments ``keys`` (P's, C's), from their
-        :meth:`_pair_skeletons` and those skeletons' rows in the store (in order), built by one call of
-        :func:`_pair_fragments` and queued in the arena; returns their ids."""
+        :meth:`_pair_skeletons` (skeletons stored), built by one call of :func:`_pair_fragments` and queued in
+        the arena; returns their ids."""
         blocks, groups = [], []
         bundle_ptr, units, categories, category_base, consumer_ptrs, consumer_base, consumers, kinds, kind_base = (
             [0], [], [], [], [], [], [], [], [])
@@ -681,16 +691,18 @@ class StrategyEvaluator:
         collective_ptr, collective_bundle, holder_ptr, holders, collective_seconds, held_ptr, held = (
             [0], [], [0], [], [], [0], [])
         end = categories_so_far = consumers_so_far = 0
-        for (fragment_p, fragment_c), (static, skeletons) in zip(keys, prepared):
+        skeleton_rows = []
+        for (fragment_p, fragment_c), (static, (skeletons, rows_of, collectives)) in zip(keys, prepared):
             block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
             same = block_p.layout.group == block_c.layout.group
             blocks.append((block_p.tasks, 0 if same else block_c.tasks, block_p.tensors,
                            0 if same else block_c.tensors))
             groups.append(block_c.layout.group)
-            bundles, unit, category, consumer_ptr, consumer, nbytes, count, kind_of, _ = static
+            bundles, unit, category, consumer_ptr, consumer, nbytes, count, kind_of, _, _ = static
             kind_base.append(end)
             end += len(skeletons)
             kinds.append(kind_of)
+            skeleton_rows.append(rows_of)
             category_base.append(categories_so_far)
             consumer_base.append(consumers_so_far)
             categories_so_far += len(nbytes)
@@ -708,7 +720,7 @@ class StrategyEvaluator:
             c_replicas.append(block_c.replicas)
             c_devices.append(block_c.task_device)
             c_shift.append(0 if same else block_p.tasks)
-            if any(skeleton.collectives for skeleton in skeletons):
+            if collectives:
                 self._collectives(bundle_ptr[-1], bundles, kind_of, skeletons, collective_bundle, holder_ptr,
                                   holders, collective_seconds, held_ptr, held)
             bundle_ptr.append(bundle_ptr[-1] + len(unit))
@@ -728,7 +740,7 @@ class StrategyEvaluator:
          read_task, counts) = _pair_fragments(
             np.array(bundle_ptr, dtype=np.int64), cat(units), cat(categories), np.array(category_base, dtype=np.int64),
             cat(consumer_ptrs), np.array(consumer_base, dtype=np.int64), cat(consumers), cat(kinds),
-            np.array(kind_base, dtype=np.int64), np.asarray(skeleton_rows, dtype=np.int64),
+            np.array(kind_base, dtype=np.int64), cat(skeleton_rows),
             cat(category_bytes, np.float64), cat(category_count), *self._skeletons.arrays(),
             self.cluster.num_devices, np.array(p_replicas, dtype=np.int64), np.stack(p_index), ptr(p_devices),
             cat(p_devices), ptr(p_tensors), cat(p_tensors), np.array(c_replicas, dtype=np.int64), ptr(c_devices),
@@ -782,24 +794,33 @@ class StrategyEvaluator:
 
     def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[tuple, list]:
         """What a pair fragment is made from: the bundles as arrays (:meth:`_bundle_arrays`) and the skeleton
-        of each kind of bundle. The bundles of two replicated layouts are static (their arrays cached per
-        pair); with a model-parallel side they are made per pair of layouts, by pieces. One compiler, given
-        the pair's two layouts, makes them (its caches are the context's)."""
+        of each kind of bundle, as [skeletons, their rows in the store (None until stored), whether any has a
+        collective]. The bundles of two replicated layouts are static (their arrays cached per pair); with a
+        model-parallel side they are made per pair of layouts, by pieces. One compiler, given the pair's two
+        layouts, makes them (its caches are the context's). A skeleton depends on a bundle only through its
+        kind, so pairs with the same kinds of bundles (repeated layers) between layouts of the same rows share
+        the list."""
         layout_p, layout_c = self._block_of[fragment_p].layout, self._block_of[fragment_c].layout
         pair = (layout_p.group, layout_c.group)
         compiler = self._skeleton_compiler
-        compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
-        if layout_p.model_parallel or layout_c.model_parallel:
-            mp = {g: layout.model_parallel for g, layout in compiler.layouts.items()}
-            bundles = compiler._dynamic_bundles(pair, None, mp)
-            static = self._bundle_arrays(bundles, layout_p, layout_c)
-        else:
-            static = self._pair_static.get(pair)
-            if static is None:
+        mp = layout_p.model_parallel or layout_c.model_parallel
+        static = None if mp else self._pair_static.get(pair)
+        if static is None:
+            compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
+            if mp:
+                bundles = compiler._dynamic_bundles(pair, None, {g: layout.model_parallel
+                                                                 for g, layout in compiler.layouts.items()})
+                static = self._bundle_arrays(bundles, layout_p, layout_c)
+            else:
                 static = self._pair_static[pair] = self._bundle_arrays(self.tables.bundles.get(pair, []), layout_p,
                                                                        layout_c)
-        # a skeleton depends on a bundle only through its kind (_bundle_arrays)
-        return static, [compiler._skeleton(b, layout_p, layout_c) for b in static[-1]]
+        key = (static[-1], layout_p.key[1:], layout_c.key[1:])
+        found = self._skeleton_lists.get(key)
+        if found is None:
+            compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
+            skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in static[-2]]
+            found = self._skeleton_lists[key] = [skeletons, None, any(skeleton.collectives for skeleton in skeletons)]
+        return static, found
 
     def _bundle_arrays(self, bundles: list, layout_p: GroupLayout, layout_c: GroupLayout) -> tuple:
         """Bundles of a pair of groups as arrays for :func:`_pair_fragments`: (bundles, producer unit's index
@@ -836,8 +857,9 @@ class StrategyEvaluator:
                 kind = kinds[key] = len(representatives)
                 representatives.append(b)
             kind_of[i] = kind
+        kind_set = self._kind_sets.setdefault(tuple(kinds), len(self._kind_sets))
         return (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
-                representatives)
+                representatives, kind_set)
 
     @staticmethod
     def _compiler_rows(compiler: _Compiler) -> dict:
