@@ -712,6 +712,23 @@ def test_successor_lists_with_duplicates_give_the_merged_csrs_schedule_and_feedb
             np.testing.assert_array_equal(a, b)
 
 
+def test_int_tables_look_up_and_store_many_keys_at_once():
+    """The evaluator's int64 -> int64 tables: every stored key found with its last value, every other one -1,
+    keys past 2^32 included; the same through the plain-Python kernels on a plain dict."""
+    rng = np.random.default_rng(3)
+    keys = rng.choice(1 << 40, size=300, replace=False).astype(np.int64)
+    values = rng.integers(0, 1 << 31, size=300)
+    for table, look_up, store in ((kernels.int_table(), kernels.table_look_up, kernels.table_store),
+                                  ({}, getattr(kernels.table_look_up, "py_func", kernels.table_look_up),
+                                   getattr(kernels.table_store, "py_func", kernels.table_store))):
+        np.testing.assert_array_equal(look_up(table, keys), -1)
+        store(table, keys[:200], values[:200])
+        store(table, keys[:10], values[200:210])  # stored again: the last value holds
+        expected = np.concatenate([values[200:210], values[10:200], np.full(100, -1)])
+        np.testing.assert_array_equal(look_up(table, keys), expected)
+        assert len(table) == 200
+
+
 def test_without_numba_the_fast_path_still_matches_the_reference():
     script = ("import numpy as np\n"
               "from tag.cluster import tag_random\n"

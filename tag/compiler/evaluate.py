@@ -56,7 +56,8 @@ import numpy as np
 from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.grouping import GroupGraph
-from tag.sim.kernels import _jit, list_schedule, merge_chunks, peak_memory, successor_lists
+from tag.sim.kernels import (_jit, int_table, list_schedule, merge_chunks, peak_memory, successor_lists,
+                             table_look_up, table_store)
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
                                TASK_COMPUTE, TASK_TRANSFER)
@@ -412,7 +413,7 @@ class StrategyEvaluator:
     def _clear(self) -> None:
         self._arena = _Arena(self._merging)
         self._group_fragments: list[dict] = [{} for _ in range(self.group_graph.num_groups)]  # [G] key -> id
-        self._pair_fragments: dict[tuple[int, int], int] = {}  # (group fragment of P, of C) -> id
+        self._pair_table = int_table()  # (group fragment of P) << 32 | (of C) -> the pair fragment's id
         self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
         self._skeletons = _Skeletons(self.cluster.num_devices)
         self._skeleton_lists: dict[tuple, list] = {}  # (kind set, P's row, C's row) -> _pair_skeletons' list
@@ -492,32 +493,26 @@ class StrategyEvaluator:
         """[P] pair fragment of each pair of groups, given the groups' fragments (compiled on a miss). Only the
         pairs of groups whose fragment changed since the previous call are looked up (search changes a few
         groups at a time)."""
-        cache = self._pair_fragments
         groups = np.array(group_ids, dtype=np.int64)  # [G]
         last_groups, ids = self._last_ids
         if last_groups is None or ids is None:
-            stale = range(len(self._pairs))
+            stale = np.arange(len(self._pairs))
             ids = np.empty(len(self._pairs), dtype=np.int64)
         else:
             changed = np.flatnonzero(groups != last_groups)
             if changed.size == 0:
                 return ids
             touched = [self._group_pairs[g] for g in changed.tolist()]
-            stale = (touched[0] if len(touched) == 1 else np.unique(np.concatenate(touched))).tolist()
+            stale = touched[0] if len(touched) == 1 else np.unique(np.concatenate(touched))
             ids = ids.copy()
-        pairs = self._pairs
-        misses = []  # (pair, its key) of the pairs with no fragment yet
-        for k in stale:
-            p, c = pairs[k]
-            key = (group_ids[p], group_ids[c])
-            fragment = cache.get(key)
-            if fragment is None:
-                misses.append((k, key))
-            else:
-                ids[k] = fragment
-        if misses:
+        # a pair's key: its two group fragments (P's in the high 32 bits), looked up all at once
+        codes = (groups[self._pair_p[stale]] << 32) | groups[self._pair_c[stale]]  # [stale]
+        found = table_look_up(self._pair_table, codes)
+        ids[stale] = found
+        missed = np.flatnonzero(found < 0)
+        if missed.size:
             # the skeletons of every new pair first, stored in one go; then the fragments, in pair order
-            keys = [key for _, key in misses]
+            keys = [(group_ids[p], group_ids[c]) for p, c in map(self._pairs.__getitem__, stale[missed].tolist())]
             prepared = [self._pair_skeletons(*key) for key in keys]
             # skeleton lists not stored yet (pairs of repeated layers share one)
             new = list({id(found): found for _, found in prepared if found[1] is None}.values())
@@ -527,8 +522,9 @@ class StrategyEvaluator:
                 for found in new:
                     start, end = end, end + len(found[0])
                     found[1] = rows[start:end]
-            for (k, key), fragment in zip(misses, self._compile_pairs(keys, prepared)):
-                ids[k] = cache[key] = fragment
+            fragments = np.array(self._compile_pairs(keys, prepared), dtype=np.int64)
+            ids[stale[missed]] = fragments
+            table_store(self._pair_table, codes[missed], fragments)
         self._last_ids = (groups, ids)
         return ids
 

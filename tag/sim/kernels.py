@@ -20,7 +20,7 @@ import numpy as np
 from tag.sim.taskgraph import RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COMPUTE
 
 __all__ = ["COMPILED", "list_schedule", "successors_csr", "successor_lists", "tensor_lifetimes", "peak_memory",
-           "feedback_sums", "feedback_tables", "merge_chunks"]
+           "feedback_sums", "feedback_tables", "merge_chunks", "int_table", "table_look_up", "table_store"]
 
 try:  # numba is a dependency; the fallback keeps the package importable where it cannot be installed
     if os.environ.get("TAG_NO_NUMBA"):
@@ -37,6 +37,33 @@ except ImportError:  # pragma: no cover - exercised only without numba
         return function
 
     COMPILED = False
+
+
+# ------------------------------------------------------------------------------------------- int64 tables
+
+
+def int_table():
+    """An empty int64 -> int64 hash table that :func:`table_look_up` and :func:`table_store` read and write
+    many keys of in one call (a numba typed dict; a plain dict without numba)."""
+    if COMPILED:
+        return numba.typed.Dict.empty(key_type=numba.types.int64, value_type=numba.types.int64)
+    return {}
+
+
+@_jit
+def table_look_up(table, keys):
+    """[n] the value of each of ``keys`` [n] in ``table``, -1 where it has none."""
+    out = np.empty(keys.size, dtype=np.int64)
+    for i in range(keys.size):
+        out[i] = table.get(keys[i], -1)
+    return out
+
+
+@_jit
+def table_store(table, keys, values):
+    """``table[keys[i]] = values[i]`` for each i, in order."""
+    for i in range(keys.size):
+        table[keys[i]] = values[i]
 
 
 # ------------------------------------------------------------------------------------------- the ready queue
