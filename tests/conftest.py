@@ -1,4 +1,7 @@
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -55,3 +58,15 @@ def run_json(capsys, *argv):
     code, out, err = run(capsys, *argv, "--json")
     assert code == 0, err
     return json.loads(out)
+
+
+@pytest.fixture
+def without_numba():
+    """A runner of Python scripts in a fresh interpreter with numba off (``TAG_NO_NUMBA``): the kernels run
+    as plain Python. A script that fails fails the test, with its stderr."""
+    def run(script: str, timeout: float = 300) -> None:
+        done = subprocess.run([sys.executable, "-c", script], env=dict(os.environ, TAG_NO_NUMBA="1"),
+                              capture_output=True, text=True, timeout=timeout)
+        assert done.returncode == 0, done.stderr
+
+    return run

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -635,26 +632,23 @@ def test_evaluator_columns_keep_their_rows_as_they_grow():
     assert columns.columns["c"].size > 1024 * 8  # it grew several times
 
 
-def test_without_numba_the_evaluator_still_matches_compile_strategy():
+def test_without_numba_the_evaluator_still_matches_compile_strategy(without_numba):
     """With numba off (its kernels run as plain Python, the fragment tables are plain dicts), the evaluator
     still gives compile_strategy + simulate_fast's schedule, at group and merged granularity."""
-    script = ("import numpy as np\n"
-              "from tag.sim import kernels, simulate_fast\n"
-              "from tag.cluster import resolve_cluster\n"
-              "from tag.graph.resolve import resolve_model\n"
-              "from tag.grouping import group_ops\n"
-              "from tag.compiler import StrategyEvaluator, compile_strategy, random_strategy\n"
-              "assert not kernels.COMPILED\n"
-              "cluster = resolve_cluster('tag-testbed')\n"
-              "gg = group_ops(resolve_model('vgg19'), num_groups=8, gpus=cluster)\n"
-              "for gran in ('group', 'merged'):\n"
-              "    ev = StrategyEvaluator(gg, cluster, granularity=gran)\n"
-              "    for seed in range(4):\n"
-              "        s = random_strategy(gg.num_groups, cluster, seed=seed)\n"
-              "        a = ev(s)\n"
-              "        b = simulate_fast(compile_strategy(gg, s, cluster, granularity=gran).taskgraph)\n"
-              "        assert np.array_equal(a.start, b.start) and np.array_equal(a.finish, b.finish)\n"
-              "        assert np.array_equal(a.peak_memory, b.peak_memory)\n")
-    env = dict(os.environ, TAG_NO_NUMBA="1")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr
+    without_numba("import numpy as np\n"
+                  "from tag.sim import kernels, simulate_fast\n"
+                  "from tag.cluster import resolve_cluster\n"
+                  "from tag.graph.resolve import resolve_model\n"
+                  "from tag.grouping import group_ops\n"
+                  "from tag.compiler import StrategyEvaluator, compile_strategy, random_strategy\n"
+                  "assert not kernels.COMPILED\n"
+                  "cluster = resolve_cluster('tag-testbed')\n"
+                  "gg = group_ops(resolve_model('vgg19'), num_groups=8, gpus=cluster)\n"
+                  "for gran in ('group', 'merged'):\n"
+                  "    ev = StrategyEvaluator(gg, cluster, granularity=gran)\n"
+                  "    for seed in range(4):\n"
+                  "        s = random_strategy(gg.num_groups, cluster, seed=seed)\n"
+                  "        a = ev(s)\n"
+                  "        b = simulate_fast(compile_strategy(gg, s, cluster, granularity=gran).taskgraph)\n"
+                  "        assert np.array_equal(a.start, b.start) and np.array_equal(a.finish, b.finish)\n"
+                  "        assert np.array_equal(a.peak_memory, b.peak_memory)\n")

@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -729,15 +726,12 @@ def test_int_tables_look_up_and_store_many_keys_at_once():
         assert len(table) == 200
 
 
-def test_without_numba_the_fast_path_still_matches_the_reference():
-    script = ("import numpy as np\n"
-              "from tag.cluster import tag_random\n"
-              "from tag.sim import kernels, random_taskgraph, simulate, simulate_fast\n"
-              "assert not kernels.COMPILED\n"
-              "tg = random_taskgraph(tag_random(seed=1, machines=2), 80, seed=1, tie_fraction=0.5)\n"
-              "a, b = simulate(tg), simulate_fast(tg)\n"
-              "assert np.array_equal(a.start, b.start) and np.array_equal(a.finish, b.finish)\n"
-              "assert np.allclose(a.peak_memory, b.peak_memory, rtol=1e-9)\n")
-    env = dict(os.environ, TAG_NO_NUMBA="1")
-    done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+def test_without_numba_the_fast_path_still_matches_the_reference(without_numba):
+    without_numba("import numpy as np\n"
+                  "from tag.cluster import tag_random\n"
+                  "from tag.sim import kernels, random_taskgraph, simulate, simulate_fast\n"
+                  "assert not kernels.COMPILED\n"
+                  "tg = random_taskgraph(tag_random(seed=1, machines=2), 80, seed=1, tie_fraction=0.5)\n"
+                  "a, b = simulate(tg), simulate_fast(tg)\n"
+                  "assert np.array_equal(a.start, b.start) and np.array_equal(a.finish, b.finish)\n"
+                  "assert np.allclose(a.peak_memory, b.peak_memory, rtol=1e-9)\n", timeout=120)
