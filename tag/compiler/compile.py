@@ -754,7 +754,8 @@ class _Compiler:
         for request in requests:
             group_p, group_c, servers, reason = request.record
             task = self._task(TASK_COLLECTIVE, request.duration, request.devices[0], NO_TASK, request.nbytes,
-                              _COLLECTIVE_CODES[request.op], group_c, collective_resources(self.context, request.devices),
+                              _COLLECTIVE_CODES[request.op], group_c,
+                              collective_resources(self.context, request.devices),
                               f"{'AR' if request.op == 'allreduce' else 'PS'}{group_c}")
             for source, tensor in request.producers:
                 self.dep_task.append(task)

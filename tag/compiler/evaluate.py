@@ -210,8 +210,8 @@ class _Arena(_Columns):
                      for k, value in enumerate(given)], dtype=dtype, casting="unsafe")
                 continue
             # mostly one value per entry (a bool is an int): repeated, then the few arrays written over them
-            values = merged[name] = np.repeat(np.array([0 if k in arrays else value or 0 for k, value in enumerate(given)],
-                                                       dtype=dtype), rows_of)
+            one_value = [0 if k in arrays else value or 0 for k, value in enumerate(given)]
+            values = merged[name] = np.repeat(np.array(one_value, dtype=dtype), rows_of)
             if arrays:
                 ends = np.cumsum(rows_of).tolist()
                 for k in arrays:
@@ -763,7 +763,8 @@ class StrategyEvaluator:
                      for name in names}
             one = {name: value if np.isscalar(value) else value[slice(*table[name])] for name, value in rows.items()}
             block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
-            one, merged_blocks = self._localize_pair(one, block_p, block_c, block_p.layout.group == block_c.layout.group)
+            same = block_p.layout.group == block_c.layout.group
+            one, merged_blocks = self._localize_pair(one, block_p, block_c, same)
             fragments.append(self._arena.add(one, merged_blocks, int(counts[m, 5])))
         return fragments
 
@@ -1276,6 +1277,7 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
         c_devices = c_task_device[c_task_ptr[m]:c_task_ptr[m + 1]]
         p_first_tensor = p_tensor[p_tensor_ptr[m]:p_tensor_ptr[m + 1]]
         own_task, own_tensor = first_task[m] - t_pair, first_tensor[m] - t_pair  # + t: task t's id, tensor's
+        c_base = consumer_base[m]
         for b in range(pair_bundle_ptr[m], pair_bundle_ptr[m + 1]):
             sk = skeleton_rows[kind_base[m] + bundle_kind[b]]
             first = sk_first_transfer[sk]
@@ -1331,7 +1333,7 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
                 tensor_producer[n_tensors] = task
                 n_tensors += 1
                 t += 1
-            for c in range(consumer_base[m] + bundle_consumer_ptr[b + m], consumer_base[m] + bundle_consumer_ptr[b + m + 1]):
+            for c in range(c_base + bundle_consumer_ptr[b + m], c_base + bundle_consumer_ptr[b + m + 1]):
                 c_first = bundle_consumer[c] * r_c
                 for r in range(r_c):
                     device = c_devices[c_first + r]
@@ -1377,7 +1379,7 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
                         read_tensor[q] = p_first + replica
                         read_task[q] = task
                         q += 1
-            for c in range(consumer_base[m] + bundle_consumer_ptr[b + m], consumer_base[m] + bundle_consumer_ptr[b + m + 1]):
+            for c in range(c_base + bundle_consumer_ptr[b + m], c_base + bundle_consumer_ptr[b + m + 1]):
                 c_first = c_shift[m] + bundle_consumer[c] * r_c
                 for r in range(r_c):
                     dep_task[e] = c_first + r
