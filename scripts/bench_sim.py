@@ -108,9 +108,6 @@ def mcts_trace(group_graph, cluster_name: str, count: int, *, seed: int = 0,
     return env.simulated[:count]  # a batch of leaves can overshoot the budget by a few
 
 
-def fragment_counts(evaluator: StrategyEvaluator) -> tuple[int, int]:
-    """(group fragments, pair fragments) ``evaluator`` holds; it has no public count, so its caches are read."""
-    return sum(len(cache) for cache in evaluator._group_fragments), len(evaluator._pair_fragments)
 
 
 def measure(evaluator: StrategyEvaluator, strategies: list[Strategy], *, feedback: bool) -> tuple[float, float]:
@@ -220,10 +217,10 @@ def main() -> None:
             evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, max_cached_tasks=30_000_000)
             result = evaluator(Strategy.data_parallel(g, cluster))  # the evaluator's tables
             setup_s = time.perf_counter() - t0
-            before = fragment_counts(evaluator)
+            before = evaluator.cached_fragments()
             with frozen_gc() if args.gc_freeze else contextlib.nullcontext():
                 cold, cold_cpu = measure(evaluator, strategies, feedback=args.feedback)
-                built = np.subtract(fragment_counts(evaluator), before) / len(strategies)  # [2] group, pair
+                built = np.subtract(evaluator.cached_fragments(), before) / len(strategies)  # [2] group, pair
                 warm, warm_cpu = measure(evaluator, strategies, feedback=args.feedback)
             row = {"granularity": granularity, "workload": workload, "evaluations": len(strategies),
                    "setup_s": setup_s, "evals_per_s": cold, "warm_evals_per_s": warm, "evals_per_cpu_s": cold_cpu,

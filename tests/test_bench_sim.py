@@ -44,14 +44,14 @@ def test_mcts_trace_is_every_strategy_the_search_sends_the_evaluator_in_order(gr
 def test_second_pass_builds_no_fragment(group_graph):
     trace = bench_sim.mcts_trace(group_graph, CLUSTER, 8)
     evaluator = StrategyEvaluator(group_graph, resolve_cluster(CLUSTER))
-    assert bench_sim.fragment_counts(evaluator) == (0, 0)
+    assert evaluator.cached_fragments() == (0, 0)
     for strategy in trace:
         evaluator(strategy)
-    built = bench_sim.fragment_counts(evaluator)
+    built = evaluator.cached_fragments()
     assert built[0] >= group_graph.num_groups
     for strategy in trace:
         evaluator(strategy)
-    assert bench_sim.fragment_counts(evaluator) == built
+    assert evaluator.cached_fragments() == built
 
 
 def test_script_reports_the_mcts_workload(monkeypatch, capsys):

@@ -445,6 +445,10 @@ class StrategyEvaluator:
             lambda: self._feedback(columns, succ_ptr, succ, succ_lag, start, finish, peak) if feedback else None,
             raise_on_oom=raise_on_oom)
 
+    def cached_fragments(self) -> tuple[int, int]:
+        """(group fragments, pair fragments) the evaluator holds now (what ``max_cached_tasks`` bounds)."""
+        return sum(len(cache) for cache in self._group_fragments), len(self._pair_table)
+
     def _check(self, strategy: Strategy) -> None:
         if not isinstance(strategy, Strategy):
             raise CompileError(f"expected a Strategy, got {type(strategy).__name__}")
