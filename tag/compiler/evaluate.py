@@ -572,7 +572,7 @@ class StrategyEvaluator:
                 "res": res, "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
                 "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
                 "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
-        ends = np.cumsum(counts, axis=0)
+        ends = np.cumsum(counts[:, :5], axis=0)
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
         unit_end = np.cumsum(units)
         fragments = []
@@ -586,9 +586,7 @@ class StrategyEvaluator:
             new_id = start_lag = end_lag = None
             merged = tasks
             if self._merging:  # each fragment's chunks merged on its own
-                one = {name: value if np.isscalar(value) else
-                       value[slice(ends[f, _TABLES.index(t)] - counts[f, _TABLES.index(t)], ends[f, _TABLES.index(t)])]
-                       for t, names in _GROUP_COLUMNS.items() for name in names for value in (rows[name],)}
+                one = _fragment_rows(rows, _GROUP_COLUMNS, counts, ends, f)
                 part = self.tables.unit_part[self.tables.group_units[layout.group]]
                 merge_key = (part[:, None] * self.cluster.num_devices + np.asarray(layout.devices)).reshape(-1)
                 one, new_id, start_lag, end_lag = self._merge_group(one, merge_key)
@@ -762,10 +760,7 @@ class StrategyEvaluator:
         ends = np.cumsum(counts[:, :5], axis=0)
         fragments = []
         for m, (fragment_p, fragment_c) in enumerate(keys):
-            lo, hi = ends[m] - counts[m, :5], ends[m]
-            table = {name: (lo[_TABLES.index(t)], hi[_TABLES.index(t)]) for t, names in _PAIR_COLUMNS.items()
-                     for name in names}
-            one = {name: value if np.isscalar(value) else value[slice(*table[name])] for name, value in rows.items()}
+            one = _fragment_rows(rows, _PAIR_COLUMNS, counts, ends, m)
             block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
             same = block_p.layout.group == block_c.layout.group
             one, merged_blocks = self._localize_pair(one, block_p, block_c, same)
@@ -904,6 +899,14 @@ class StrategyEvaluator:
         return feedback_from_columns(self.cluster, self.group_graph.num_groups, columns.group, columns.kind,
                                      columns.duration, columns.res_ptr, columns.res, resource_kind, resource_a,
                                      resource_b, succ_ptr, succ, succ_lag, start, finish, peak, by_predecessor=True)
+
+
+def _fragment_rows(rows: dict, columns: dict, counts: np.ndarray, ends: np.ndarray, f: int) -> dict:
+    """Fragment f's rows out of a batch's ``rows`` (``columns``: its column names by table; counts [F, 5+]:
+    each fragment's rows per table, ``ends`` their running sums [F, 5]); a one-value column stays one value."""
+    start, end = ends[f] - counts[f, :5], ends[f]
+    return {name: rows[name] if np.isscalar(rows[name]) else rows[name][start[k]:end[k]]
+            for k, table in enumerate(_TABLES) for name in columns[table]}
 
 
 @_jit
