@@ -916,25 +916,18 @@ def _segmented(refs, counts, ends):
     ``ends[f, 1]``, then ``ends[f, 2]``, the last open-ended; an empty one is skipped) as
     (segment << _SEGMENT_SHIFT) | index in it, int32; a negative reference (none) stays -1."""
     out = np.empty(refs.size, dtype=np.int32)
-    f = -1
-    left = 0  # references of fragment f still to come
-    for i in range(refs.size):
-        while left == 0:
-            f += 1
-            left = counts[f]
-        left -= 1
-        ref = refs[i]
+    i = 0
+    for f in range(counts.size):
         end_0, end_1, end_2 = ends[f, 0], ends[f, 1], ends[f, 2]
-        if ref < 0:
-            out[i] = -1
-        elif ref < end_0:
-            out[i] = ref
-        elif ref < end_1:
-            out[i] = (1 << _SEGMENT_SHIFT) | (ref - end_0)
-        elif ref < end_2:
-            out[i] = (2 << _SEGMENT_SHIFT) | (ref - end_1)
-        else:
-            out[i] = (3 << _SEGMENT_SHIFT) | (ref - end_2)
+        for _ in range(counts[f]):
+            ref = refs[i]
+            if ref < 0:
+                out[i] = -1
+            else:  # the ends never decrease, so the segment is the number of ends at or below the reference
+                segment = np.int64(ref >= end_0) + np.int64(ref >= end_1) + np.int64(ref >= end_2)
+                base = 0 if segment == 0 else (end_0 if segment == 1 else (end_1 if segment == 2 else end_2))
+                out[i] = (segment << _SEGMENT_SHIFT) | (ref - base)
+            i += 1
     return out
 
 
