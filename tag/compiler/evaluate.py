@@ -206,7 +206,7 @@ class _Arena(_Columns):
             arrays = [k for k, value in enumerate(given) if not (value is None or isinstance(value, int))]
             if 2 * len(arrays) > len(given):
                 merged[name] = np.concatenate(
-                    [np.full(rows_of[k], value, dtype=dtype) if value is None or isinstance(value, int) else value
+                    [np.full(rows_of[k], value or 0, dtype=dtype) if value is None or isinstance(value, int) else value
                      for k, value in enumerate(given)], dtype=dtype, casting="unsafe")
                 continue
             # mostly one value per entry (a bool is an int): repeated, then the few arrays written over them
