@@ -183,13 +183,12 @@ class _Arena(_Columns):
             return
         self.pending = []
         tables = _TABLES
-        counts = np.concatenate([
-            np.array([[len(rows[_FIRST_COLUMN[table]]) for table in tables]], dtype=np.int64) if counts is None
-            else counts for rows, _, _, counts in pending])  # [F, 5]
+        per_entry = [np.array([[len(rows[_FIRST_COLUMN[table]]) for table in tables]], dtype=np.int64)
+                     if counts is None else counts for rows, _, _, counts in pending]  # [fragments of it, 5]
+        counts = np.concatenate(per_entry)  # [F, 5]
         f = counts.shape[0]
-        entry_rows = counts if f == len(pending) else np.array(  # [entries, 5] rows per table of each entry
-            [counts_of.sum(axis=0) if counts_of is not None else [len(rows[_FIRST_COLUMN[table]]) for table in tables]
-             for rows, _, _, counts_of in pending], dtype=np.int64)
+        # [entries, 5] rows per table of each entry (an entry holds at least one fragment)
+        entry_rows = counts if f == len(pending) else np.array([c.sum(axis=0) for c in per_entry], dtype=np.int64)
         blocks = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for _, b, _, _ in pending])  # [F, 4]
         early = np.concatenate([np.asarray(e, dtype=np.int64).reshape(-1) for _, _, e, _ in pending])  # [F]
         # task references: [P's block | C's block | early own | late own]; tensor references: [P | C | own]
@@ -395,7 +394,6 @@ class StrategyEvaluator:
         self._merging = unit_part is not None  # chunks merged into one task per part and replica: lags
         self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * d
         self._pair_static: dict[tuple[int, int], tuple] = {}
-        self._local_pair_cache: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         # per group, for _replica_fragments: its units (CSR), the pairs of its units that read each other's
         # outputs (CSR of src -> dst unit indices, _local_pairs' order), its persistent bytes on each replica
         self._unit_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
@@ -669,14 +667,11 @@ class StrategyEvaluator:
         return rows, blocks
 
     def _local_pairs(self, group: int) -> tuple[np.ndarray, np.ndarray]:
-        """(src [L], dst [L]) indices among the group's units of units reading each other's outputs."""
-        found = self._local_pair_cache.get(group)
-        if found is None:
-            position, succ = self._unit_position, self.tables.unit_local_succ
-            pairs = [(position[u], position[v]) for u in self.tables.group_units[group].tolist() for v in succ[u]]
-            found = self._local_pair_cache[group] = (np.array([a for a, _ in pairs], dtype=np.int64),
-                                                     np.array([b for _, b in pairs], dtype=np.int64))
-        return found
+        """(src [L], dst [L]) indices among the group's units of units reading each other's outputs (read once,
+        into the CSR that _replica_fragments takes)."""
+        position, succ = self._unit_position, self.tables.unit_local_succ
+        pairs = [(position[u], position[v]) for u in self.tables.group_units[group].tolist() for v in succ[u]]
+        return np.array([a for a, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.int64)
 
     def _compile_pairs(self, keys: list[tuple[int, int]], prepared: list[tuple]) -> list[int]:
         """The pair fragments of M pairs of group fragments ``keys`` (P's, C's), from their
