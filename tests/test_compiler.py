@@ -611,6 +611,51 @@ def test_arena_stores_queued_fragments_in_one_go():
     np.testing.assert_array_equal(arena.view("read_tensor")[1:] >> _SEGMENT_SHIFT, [0, 2])
 
 
+def test_arena_numbers_compact_fragments_between_queued_ones():
+    """Compact fragments (a replicated group's devices and batch fractions) take their ids when added, between
+    fragments of rows that are still queued: the fragment table then holds each at its own id, the compact
+    ones flagged with their group and replicas, the rows ones with their rows, and the tasks held count both."""
+    from tag.compiler.evaluate import _COMPACT, _META, _REPLICAS, _RES0, _TASKS, _Arena
+
+    arena = _Arena(lagged=False)
+    rows = {"duration": [1.0, 2.0], "kind": 0, "group": 5, "nres": 1, "res": [0, 1], "dep_task": [1],
+            "dep_on": [0], "tensor_device": [0], "tensor_bytes": [8.0], "tensor_producer": [0],
+            "tensor_persistent": False, "read_tensor": [0], "read_task": [1]}
+    assert arena.add(rows, (0, 0, 0, 0), 2) == 0
+    # groups 3 (2 replicas, 3 units: 6 tasks) and 4 (1 replica, 2 units)
+    first = arena.add_compact(np.array([3, 4]), np.array([2, 1]), np.array([6, 7, 2], dtype=np.int32),
+                              np.array([0.25, 0.75, 1.0]), np.array([[6, 6, 4, 6, 2], [2, 2, 1, 1, 0]]))
+    assert first == 1
+    assert arena.add(rows, (0, 0, 0, 0), 2) == 3
+    arena.flush()
+    assert arena.stored == 4 and arena.meta.shape[1] == _META
+    meta = arena.meta[:4]
+    np.testing.assert_array_equal(meta[:, _COMPACT], [-1, 3, 4, -1])
+    np.testing.assert_array_equal(meta[:, _REPLICAS], [0, 2, 1, 0])
+    np.testing.assert_array_equal(meta[1:3, _RES0], [0, 2])  # each one's first replica in the compact store
+    np.testing.assert_array_equal(meta[:, _TASKS], [2, 6, 2, 2])
+    np.testing.assert_array_equal(meta[[0, 3], 0], [0, 2])  # the rows fragments' first tasks, in id order
+    np.testing.assert_array_equal(arena.compact.view("device"), [6, 7, 2])
+    np.testing.assert_array_equal(arena.compact.view("fraction"), [0.25, 0.75, 1.0])
+    assert arena.size["task"] == 4 and arena.compact_tasks == 8 and arena.cached_tasks == 12
+
+
+def test_evaluator_keeps_replicated_groups_compact(bert_tiny):
+    """At group granularity a replicated group's fragment is stored compact: the rows held are the pairs'
+    own tasks only, while the schedule is compile_strategy's; at merged granularity they are rows."""
+    gg, cluster = bert_tiny
+    strategy = Strategy.data_parallel(gg.num_groups, cluster)
+    compiled = compile_strategy(gg, strategy, cluster).taskgraph
+    evaluator = StrategyEvaluator(gg, cluster)
+    assert_same_result(evaluator(strategy), simulate_fast(compiled))
+    compute = int((compiled.kind == 0).sum())
+    assert evaluator._arena.compact_tasks == compute
+    assert evaluator._arena.size["task"] == compiled.num_tasks - compute
+    merged = StrategyEvaluator(gg, cluster, granularity="merged")
+    merged(strategy)
+    assert merged._arena.compact_tasks == 0 and merged._arena.size["task"] > compiled.num_tasks - compute
+
+
 def test_evaluator_columns_keep_their_rows_as_they_grow():
     """The evaluator's column store grows its arrays past 1024 rows; every row written stays readable,
     in order, through the growths, per table."""

@@ -12,9 +12,12 @@ tasks for a large model on 16 GPUs). :class:`StrategyEvaluator` cuts the TaskGra
   tensors they add.
 
 Each fragment is built once and stored as flat arrays in an arena, its task and tensor references relative
-to the fragment (numbered [P's compute block | C's compute block | its own tasks]). Replicated groups are
-built with numpy (what does not depend on the devices cached per group and number of replicas), and the
-new pairs of an evaluation in one call of the compiled kernel :func:`_pair_fragments`: each pair's
+to the fragment (numbered [P's compute block | C's compute block | its own tasks]). A replicated group's
+fragment, where chunks are not merged, is stored *compact*: only its replicas' devices and batch fractions,
+from which :func:`_assemble` computes its tasks, tensors, dependencies and reads as its layout and
+:func:`_replica_fragments` would (as rows they were 72 % of the arena's bytes and 91 % of its tasks after
+a recorded search). The new pairs of an evaluation are built in one call of the compiled kernel
+:func:`_pair_fragments`: each pair's
 transfers from the compiler's bundle skeletons (``_Compiler._skeleton``: which device sends which fraction
 of which category to which, shared by every bundle of a kind), then its collectives, with the compiler's
 durations and resources (:func:`~tag.compiler.compile.collective_duration`,
@@ -79,9 +82,13 @@ _ARENA_CAPACITY = 1 << 20
 # are numbered. Task references: [P's block | C's block | own tasks]; own tasks are "early" ones (a group's
 # compute tasks, a pair's transfers) then "late" ones (a pair's collectives). Tensor references:
 # [P's block | C's block | own tensors]. A group fragment has empty blocks.
+# A *compact* fragment (a replicated group's, where chunks are not merged) keeps only its replicas' devices
+# and batch fractions, from which :func:`_assemble` computes its rows as the layout and
+# :func:`_replica_fragments` would: _COMPACT is its group (-1 for a fragment of rows), _RES0 its first
+# replica in the compact store, _REPLICAS its replicas; its counts are those of the rows it stands for.
 (_TASK0, _TASKS, _EARLY, _RES0, _RES, _DEP0, _DEPS, _TEN0, _TENS, _READ0, _READS,
- _BLOCK_P, _BLOCK_C, _TBLOCK_P, _TBLOCK_C) = range(15)
-_META = 15
+ _BLOCK_P, _BLOCK_C, _TBLOCK_P, _TBLOCK_C, _COMPACT, _REPLICAS) = range(17)
+_META = 17
 
 # The arena stores a reference as its segment (task references: P's block, C's block, early own, late own;
 # tensor references: P's block, C's block, own) in the bits from _SEGMENT_SHIFT up and its index inside the
@@ -148,12 +155,15 @@ class _Arena(_Columns):
             "tensor_persistent": (np.bool_, "tensor"), "read_tensor": (np.int32, "read"),
             "read_task": (np.int32, "read"), **(self._LAGS if lagged else {}),
         }, capacity=_ARENA_CAPACITY)
-        self.meta = np.zeros((256, _META), dtype=np.int64)  # [F, _META] of the stored fragments
+        # the replicas of compact fragments (replicated groups' at group granularity): device, batch fraction
+        self.compact = _Columns({"device": (np.int32, "replica"), "fraction": (np.float64, "replica")})
+        self.meta = np.zeros((256, _META), dtype=np.int64)  # [F, _META] of the fragments with an id
         self.num_fragments = 0  # fragments with an id
+        self.compact_tasks = 0  # tasks the compact fragments stand for
         self.stored = 0  # of which stored (the rest are queued, in order)
-        # queued entries of one or more fragments: (rows, blocks [F, 4], early own tasks [F], rows per table
-        # [F, 5], None for one fragment: counted from its columns)
-        self.pending: list[tuple[dict, Any, Any, Any]] = []
+        # queued entries of one or more fragments of rows: (rows, blocks [F, 4], early own tasks [F], rows per
+        # table [F, 5] or None for one fragment: counted from its columns, the first one's id)
+        self.pending: list[tuple[dict, Any, Any, Any, int]] = []
 
     def view(self, name: str) -> np.ndarray:
         if name not in self.columns and name in self._LAGS:
@@ -164,7 +174,7 @@ class _Arena(_Columns):
         """Queue one fragment (its columns as lists or arrays, or a Python int or bool that every row of the
         column takes; references numbered as in the fragment table) and return its id; :meth:`flush` stores
         the queued ones, less any dependency of a task on itself."""
-        self.pending.append((rows, (blocks,), (early,), None))
+        self.pending.append((rows, (blocks,), (early,), None, self.num_fragments))
         self.num_fragments += 1
         return self.num_fragments - 1
 
@@ -172,25 +182,63 @@ class _Arena(_Columns):
         """Queue F fragments whose columns lie one after another in ``rows`` (``counts`` [F, 5]: each one's rows
         in the task, res, dep, tensor and read tables; blocks [F, 4]; early [F]); returns the first one's id."""
         if len(early):
-            self.pending.append((rows, blocks, early, counts))
+            self.pending.append((rows, blocks, early, counts, self.num_fragments))
         self.num_fragments += len(early)
         return self.num_fragments - len(early)
+
+    def add_compact(self, groups: np.ndarray, replicas: np.ndarray, devices: np.ndarray, fractions: np.ndarray,
+                    counts: np.ndarray) -> int:
+        """Store F compact fragments at once: groups [F], replicas [F], each replica's device and batch fraction
+        [sum of R], one fragment after another, and counts [F, 5] of the rows they stand for (task, res, dep,
+        tensor and read tables); returns the first one's id."""
+        f = len(groups)
+        first = self.compact.extend({"device": devices, "fraction": fractions}, {"replica": len(devices)})
+        starts = np.zeros(f, dtype=np.int64)
+        np.cumsum(replicas[:-1], out=starts[1:])
+        meta = np.zeros((f, _META), dtype=np.int64)
+        meta[:, _TASKS] = meta[:, _EARLY] = counts[:, 0]
+        meta[:, _RES0] = first["replica"] + starts
+        meta[:, [_RES, _DEPS, _TENS, _READS]] = counts[:, 1:5]
+        meta[:, _COMPACT] = groups
+        meta[:, _REPLICAS] = replicas
+        ids = self.num_fragments + np.arange(f)
+        self._set_meta(ids, meta)
+        self.num_fragments += f
+        self.compact_tasks += int(counts[:, 0].sum())
+        return int(ids[0]) if f else self.num_fragments
+
+    def _set_meta(self, ids: np.ndarray, rows: np.ndarray) -> None:
+        """The fragment table's rows of the fragments ``ids`` (ascending)."""
+        needed = int(ids[-1]) + 1 if len(ids) else 0
+        if needed > self.meta.shape[0]:
+            grown = np.zeros((max(2 * self.meta.shape[0], needed), _META), dtype=np.int64)
+            grown[:self.meta.shape[0]] = self.meta
+            self.meta = grown
+        self.meta[ids] = rows
+
+    @property
+    def cached_tasks(self) -> int:
+        """Tasks of every fragment held: those stored as rows and those compact fragments stand for."""
+        return self.size["task"] + self.compact_tasks
 
     def flush(self) -> None:
         """Store the queued fragments, in order, with one append per column (an evaluation brings tens)."""
         pending = self.pending
         if not pending:
+            self.stored = self.num_fragments
             return
         self.pending = []
         tables = _TABLES
         per_entry = [np.array([[len(rows[_FIRST_COLUMN[table]]) for table in tables]], dtype=np.int64)
-                     if counts is None else counts for rows, _, _, counts in pending]  # [fragments of it, 5]
+                     if counts is None else counts for rows, _, _, counts, _ in pending]  # [fragments of it, 5]
         counts = np.concatenate(per_entry)  # [F, 5]
         f = counts.shape[0]
         # [entries, 5] rows per table of each entry (an entry holds at least one fragment)
         entry_rows = counts if f == len(pending) else np.array([c.sum(axis=0) for c in per_entry], dtype=np.int64)
-        blocks = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for _, b, _, _ in pending])  # [F, 4]
-        early = np.concatenate([np.asarray(e, dtype=np.int64).reshape(-1) for _, _, e, _ in pending])  # [F]
+        blocks = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for _, b, *_ in pending])  # [F, 4]
+        early = np.concatenate([np.asarray(e, dtype=np.int64).reshape(-1) for _, _, e, *_ in pending])  # [F]
+        # their ids: each entry's run, in order (compact fragments may sit between entries)
+        ids = np.concatenate([first + np.arange(len(c)) for c, (_, _, _, _, first) in zip(per_entry, pending)])
         # task references: [P's block | C's block | early own | late own]; tensor references: [P | C | own]
         task_ends = np.stack([blocks[:, 0], blocks[:, 0] + blocks[:, 1], blocks[:, 0] + blocks[:, 1] + early], axis=1)
         tensor_ends = np.stack([blocks[:, 2], blocks[:, 2] + blocks[:, 3],
@@ -230,12 +278,11 @@ class _Arena(_Columns):
                                       tensor_ends if name == "read_tensor" else task_ends)
         first = self.extend(merged, dict(zip(tables, counts.sum(axis=0).tolist())))
         starts = np.array([first[table] for table in tables], dtype=np.int64) + np.cumsum(counts, axis=0) - counts
-        if self.stored + f > self.meta.shape[0]:
-            self.meta = np.resize(self.meta, (max(2 * self.meta.shape[0], self.stored + f), _META))
-        self.meta[self.stored:self.stored + f] = np.column_stack([
+        self._set_meta(ids, np.column_stack([
             starts[:, 0], counts[:, 0], early, starts[:, 1], counts[:, 1], starts[:, 2], counts[:, 2],
-            starts[:, 3], counts[:, 3], starts[:, 4], counts[:, 4], blocks])
-        self.stored += f
+            starts[:, 3], counts[:, 3], starts[:, 4], counts[:, 4], blocks, np.full(f, -1, dtype=np.int64),
+            np.zeros(f, dtype=np.int64)]))
+        self.stored = self.num_fragments
 
 
 class _Skeletons(_Columns):
@@ -398,6 +445,7 @@ class StrategyEvaluator:
         # outputs (CSR of src -> dst unit indices, _local_pairs' order), its persistent bytes on each replica
         self._unit_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
         np.cumsum([units.size for units in self.tables.group_units], out=self._unit_ptr[1:])
+        self._unit_ids = np.concatenate([units for units in self.tables.group_units] + [np.zeros(0, dtype=np.int64)])
         local = [self._local_pairs(g) for g in range(group_graph.num_groups)]
         self._local_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
         np.cumsum([src.size for src, _ in local], out=self._local_ptr[1:])
@@ -423,7 +471,7 @@ class StrategyEvaluator:
         """Simulate ``strategy`` (see the class docstring); ``feedback=False`` skips Table 1's feedback,
         ``raise_on_oom`` raises :class:`~tag.sim.OOMError` for a device over its memory."""
         self._check(strategy)
-        if (self._arena.size["task"] > self.max_cached_tasks
+        if (self._arena.cached_tasks > self.max_cached_tasks
                 or self._skeletons.size["transfer"] > self.max_cached_tasks):
             self._clear()
             self.context.plans.clear()  # what the Python path cached for these fragments
@@ -553,30 +601,35 @@ class StrategyEvaluator:
         return fragment
 
     def _compile_replicated(self, layouts: list[GroupLayout]) -> list[int]:
-        """The group fragments of F replicated layouts, built by one call of :func:`_replica_fragments` exactly
-        as ``_Compiler.group_fragment`` builds each (compute tasks unit-major then replica, their output
-        tensors, the dependencies among them, the persistent memory), queued in the arena; returns their ids."""
+        """The group fragments of F replicated layouts, returning their ids. One call of
+        :func:`_replica_fragments` counts their rows as ``_Compiler.group_fragment`` builds each (compute tasks
+        unit-major then replica, their output tensors, the dependencies among them, the persistent memory).
+        Where chunks are not merged they are stored compact (each replica's device and batch fraction:
+        :func:`_assemble` lists the rows); where they are, their rows are built, merged and queued."""
         groups = np.array([layout.group for layout in layouts], dtype=np.int64)  # [F]
         devices = [layout.devices for layout in layouts]
         device_ptr = np.zeros(len(layouts) + 1, dtype=np.int64)
         np.cumsum([len(d) for d in devices], out=device_ptr[1:])
+        device_list = np.fromiter((d for ds in devices for d in ds), dtype=np.int64, count=device_ptr[-1])
+        out = np.concatenate([layout.out.reshape(-1) for layout in layouts])
         (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
          read_task, tensor_first, index, counts) = _replica_fragments(
-            groups, device_ptr, np.fromiter((d for ds in devices for d in ds), dtype=np.int64, count=device_ptr[-1]),
-            np.concatenate([layout.out.reshape(-1) for layout in layouts]), self._unit_ptr, self._local_ptr,
-            self._local_src, self._local_dst, self._persistent, self.cluster.num_devices)
-        duration = np.concatenate([layout.durations.reshape(-1) for layout in layouts])
-        rows = {"duration": duration, "kind": TASK_COMPUTE, "group": np.repeat(groups, counts[:, 0]), "nres": 1,
-                "res": res, "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
-                "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
-                "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
+            groups, device_ptr, device_list, out, self._unit_ptr, self._local_ptr, self._local_src, self._local_dst,
+            self._persistent, self.cluster.num_devices, self._merging)
         ends = np.cumsum(counts[:, :5], axis=0)
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
         unit_end = np.cumsum(units)
         fragments = []
-        if not self._merging:
-            first = self._arena.add_many(rows, np.zeros((len(layouts), 4), dtype=np.int64), counts[:, 0],
-                                         counts[:, :5])
+        if self._merging:
+            rows = {"duration": np.concatenate([layout.durations.reshape(-1) for layout in layouts]),
+                    "kind": TASK_COMPUTE, "group": np.repeat(groups, counts[:, 0]), "nres": 1, "res": res,
+                    "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
+                    "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
+                    "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
+        else:  # compact: _assemble computes the rows from the layouts' devices and fractions
+            first = self._arena.add_compact(groups, np.diff(device_ptr), device_list,
+                                            np.fromiter((x for layout in layouts for x in layout.fraction),
+                                                        dtype=np.float64, count=device_ptr[-1]), counts[:, :5])
             fragments = list(range(first, first + len(layouts)))
         for f, layout in enumerate(layouts):
             tasks, tensors = int(counts[f, 0]), int(counts[f, 5])
@@ -876,7 +929,10 @@ class StrategyEvaluator:
                         view("dep_lag"), view("tensor_device"), view("tensor_bytes"), view("tensor_producer"),
                         view("alloc_lag"), view("free_lag"), view("tensor_persistent"), view("read_tensor"),
                         view("read_task"), view("read_lag"), self._merging, self._link_base,
-                        self.cluster.num_devices)
+                        self.cluster.num_devices, arena.compact.view("device"), arena.compact.view("fraction"),
+                        self.context.type_array, self._unit_ptr, self._unit_ids, self.tables.unit_time_fixed,
+                        self.tables.unit_time_scaled, self.tables.unit_out_rows, self.tables.unit_out_fixed,
+                        self._local_ptr, self._local_src, self._local_dst, self._persistent)
         return _Assembled(*out)
 
     def _peak_memory(self, columns: _Assembled, start: np.ndarray, finish: np.ndarray) -> np.ndarray:
@@ -933,11 +989,16 @@ def _segmented(refs, counts, ends):
 def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, a_duration, a_kind, a_group,
               a_nres, a_res, a_dep_task, a_dep_on, a_dep_lag, a_tensor_device, a_tensor_bytes, a_tensor_producer,
               a_alloc_lag, a_free_lag, a_tensor_persistent, a_read_tensor, a_read_task, a_read_lag, lagged, link_base,
-              num_devices):
+              num_devices, c_device, c_fraction, device_type, unit_ptr, unit_ids, unit_time_fixed, unit_time_scaled,
+              unit_out_rows, unit_out_fixed, local_ptr, local_src, local_dst, persistent):
     """Global columns (see :class:`_Assembled`; indices int32) of the fragments ``group_fragment`` [G]
     (indexed by group) and ``pair_fragment`` [P] (pairs pair_p [P] -> pair_c [P]), laid out as
     compile_strategy lays out its tasks: compute blocks in ``group_order``, then the pairs' early tasks, then
-    their late tasks."""
+    their late tasks. A compact fragment's rows are computed from its replicas' devices (``c_device``, of GPU
+    type ``device_type``) and batch fractions (``c_fraction``), as its layout computes its durations and
+    output bytes (:func:`~tag.compiler.layout.group_layout`) and :func:`_replica_fragments` lists its rows:
+    its group's units (``unit_ids``, CSR ``unit_ptr``) with their times and output bytes (``unit_time_*``,
+    ``unit_out_*``), the pairs of them that read each other (``local_*``) and its persistent bytes."""
     num_groups = group_order.size
     num_pairs = pair_fragment.size
     num_used = num_groups + num_pairs
@@ -1015,7 +1076,24 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
     t = 0
     h = 0
     for run in range(runs):
-        first = meta[run_fragment[run], _TASK0]
+        f = run_fragment[run]
+        g = meta[f, _COMPACT]
+        if g >= 0:  # compact: unit-major then replica, each task on its replica's device
+            first_replica, r = meta[f, _RES0], meta[f, _REPLICAS]
+            for i in range(unit_ptr[g], unit_ptr[g + 1]):
+                unit = unit_ids[i]
+                for k in range(first_replica, first_replica + r):
+                    device = c_device[k]
+                    duration[t] = (unit_time_fixed[unit, device_type[device]]
+                                   + unit_time_scaled[unit, device_type[device]] * c_fraction[k])
+                    kind[t] = TASK_COMPUTE
+                    group[t] = g
+                    res_ptr[t] = h
+                    res[h] = device
+                    h += 1
+                    t += 1
+            continue
+        first = meta[f, _TASK0]
         offset = run_res[run]
         for i in range(first + run_begin[run], first + run_end[run]):
             duration[t] = a_duration[i]
@@ -1052,10 +1130,56 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
     tensor_persistent = np.empty(tensors, dtype=np.bool_)
     e = 0
     q = 0
+    max_units = 0
+    for g in range(num_groups):
+        max_units = max(max_units, unit_ptr[g + 1] - unit_ptr[g])
+    tensor_first = np.empty(max_units, dtype=np.int64)  # a compact fragment's: each unit's first output tensor
     for k in range(num_used):
         f = used[k]
         bases = task_base[k]
         tbases = tensor_base[k]
+        g = meta[f, _COMPACT]
+        if g >= 0:  # compact (never lagged): dependencies, reads, then tensors, as _replica_fragments lists them
+            first_replica, r = meta[f, _RES0], meta[f, _REPLICAS]
+            base, tensor_base_f = bases[2], tbases[2]
+            n = 0
+            for u in range(unit_ptr[g + 1] - unit_ptr[g]):
+                unit = unit_ids[unit_ptr[g] + u]  # a unit outputs on every replica or on none: judged by the first
+                if unit_out_rows[unit] * c_fraction[first_replica] + unit_out_fixed[unit] > 0:
+                    tensor_first[u] = n
+                    n += r
+                else:
+                    tensor_first[u] = -1
+            for i in range(local_ptr[g], local_ptr[g + 1]):
+                for j in range(r):
+                    dep_task[e] = base + local_dst[i] * r + j
+                    dep_on[e] = base + local_src[i] * r + j
+                    e += 1
+            for i in range(local_ptr[g], local_ptr[g + 1]):
+                source = tensor_first[local_src[i]]
+                if source >= 0:
+                    for j in range(r):
+                        read_tensor[q] = tensor_base_f + source + j
+                        read_task[q] = base + local_dst[i] * r + j
+                        q += 1
+            n = tensor_base_f
+            for u in range(unit_ptr[g + 1] - unit_ptr[g]):
+                if tensor_first[u] >= 0:
+                    unit = unit_ids[unit_ptr[g] + u]
+                    for j in range(r):
+                        tensor_device[n] = c_device[first_replica + j]
+                        tensor_bytes[n] = unit_out_rows[unit] * c_fraction[first_replica + j] + unit_out_fixed[unit]
+                        tensor_producer[n] = base + u * r + j
+                        tensor_persistent[n] = False
+                        n += 1
+            if persistent[g] > 0:
+                for j in range(r):
+                    tensor_device[n] = c_device[first_replica + j]
+                    tensor_bytes[n] = persistent[g]
+                    tensor_producer[n] = -1
+                    tensor_persistent[n] = True
+                    n += 1
+            continue
         for i in range(meta[f, _DEP0], meta[f, _DEP0] + meta[f, _DEPS]):
             ref = a_dep_task[i]
             dep_task[e] = bases[ref >> _SEGMENT_SHIFT] + (ref & _IN_SEGMENT)
@@ -1089,7 +1213,7 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
 
 @_jit
 def _replica_fragments(groups, device_ptr, devices, out, unit_ptr, local_ptr, local_src, local_dst, persistent,
-                       num_devices):
+                       num_devices, rows):
     """The group fragments of F replicated layouts, one after another: layout f is group ``groups[f]`` on the
     R devices ``devices[device_ptr[f]:device_ptr[f + 1]]`` with output bytes ``out`` [units * R] (unit-major,
     from the sum of the earlier layouts' units * R). Its tasks are unit-major then replica (unit u's replica
@@ -1101,7 +1225,8 @@ def _replica_fragments(groups, device_ptr, devices, out, unit_ptr, local_ptr, lo
     dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor, read_task,
     tensor_first (each unit's first output tensor, -1; units of layout f after the earlier layouts'),
     index [F, D] (replica of each device, -1), counts [F, 6]: tasks, resources, dependencies, tensors, reads
-    and output tensors of each fragment)."""
+    and output tensors of each fragment). Without ``rows`` (compact fragments: :func:`_assemble` lists them)
+    the dependency, tensor and read columns are empty and only the counts are taken."""
     f_count = groups.size
     tasks = 0
     deps = 0
@@ -1125,6 +1250,8 @@ def _replica_fragments(groups, device_ptr, devices, out, unit_ptr, local_ptr, lo
             tensors += r
         units_total += units
         o += units * r
+    if not rows:
+        deps = tensors = reads = 0
     res = np.empty(tasks, dtype=np.int64)
     dep_task = np.empty(deps, dtype=np.int64)
     dep_on = np.empty(deps, dtype=np.int64)
@@ -1156,33 +1283,37 @@ def _replica_fragments(groups, device_ptr, devices, out, unit_ptr, local_ptr, lo
                 res[t + u * r + k] = devices[first_device + k]
             if out[o + u * r] > 0:
                 tensor_first[w + u] = n - n0
-                for k in range(r):
-                    tensor_device[n] = devices[first_device + k]
-                    tensor_bytes[n] = out[o + u * r + k]
-                    tensor_producer[n] = u * r + k
-                    n += 1
+                if rows:
+                    for k in range(r):
+                        tensor_device[n + k] = devices[first_device + k]
+                        tensor_bytes[n + k] = out[o + u * r + k]
+                        tensor_producer[n + k] = u * r + k
+                n += r
             else:
                 tensor_first[w + u] = -1
         counts[f, 5] = n - n0
         if persistent[g] > 0:
-            for k in range(r):
-                tensor_device[n] = devices[first_device + k]
-                tensor_bytes[n] = persistent[g]
-                tensor_producer[n] = -1
-                tensor_persistent[n] = True
-                n += 1
+            if rows:
+                for k in range(r):
+                    tensor_device[n + k] = devices[first_device + k]
+                    tensor_bytes[n + k] = persistent[g]
+                    tensor_producer[n + k] = -1
+                    tensor_persistent[n + k] = True
+            n += r
         for k in range(local_ptr[g], local_ptr[g + 1]):
-            for j in range(r):
-                dep_task[e] = local_dst[k] * r + j
-                dep_on[e] = local_src[k] * r + j
-                e += 1
+            if rows:
+                for j in range(r):
+                    dep_task[e + j] = local_dst[k] * r + j
+                    dep_on[e + j] = local_src[k] * r + j
+            e += r
         for k in range(local_ptr[g], local_ptr[g + 1]):
             first = tensor_first[w + local_src[k]]
             if first >= 0:
-                for j in range(r):
-                    read_tensor[q] = first + j
-                    read_task[q] = local_dst[k] * r + j
-                    q += 1
+                if rows:
+                    for j in range(r):
+                        read_tensor[q + j] = first + j
+                        read_task[q + j] = local_dst[k] * r + j
+                q += r
         counts[f, 0] = units * r
         counts[f, 1] = units * r
         counts[f, 2] = e - e0
