@@ -72,7 +72,8 @@ from tag.compiler.tables import GRANULARITIES, Bundle, CompilerTables, compiler_
 
 __all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
 
-DEFAULT_MAX_CACHED_TASKS = 3_000_000  # tasks kept in the fragment arena (~70 bytes each) before it is emptied
+# tasks the cached fragments stand for before the arena is emptied (~70 bytes each as rows, far less compact)
+DEFAULT_MAX_CACHED_TASKS = 3_000_000
 # Rows each arena column starts with: zeroed pages are mapped as they are first written, so a large start
 # costs no memory until it is used, and spares the copies of early growths (a search's first hundred
 # evaluations store about half a million tasks, over a million dependencies).
