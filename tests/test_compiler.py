@@ -29,6 +29,7 @@ from tag.sim import (
     RES_NIC_IN,
     RES_NIC_OUT,
     TASK_COLLECTIVE,
+    TASK_COMPUTE,
     TASK_TRANSFER,
     simulate,
     simulate_fast,
@@ -648,7 +649,7 @@ def test_evaluator_keeps_replicated_groups_compact(bert_tiny):
     compiled = compile_strategy(gg, strategy, cluster).taskgraph
     evaluator = StrategyEvaluator(gg, cluster)
     assert_same_result(evaluator(strategy), simulate_fast(compiled))
-    compute = int((compiled.kind == 0).sum())
+    compute = int((compiled.kind == TASK_COMPUTE).sum())
     assert evaluator._arena.compact_tasks == compute
     assert evaluator._arena.size["task"] == compiled.num_tasks - compute
     merged = StrategyEvaluator(gg, cluster, granularity="merged")
