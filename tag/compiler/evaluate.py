@@ -447,6 +447,12 @@ class StrategyEvaluator:
         self._unit_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
         np.cumsum([units.size for units in self.tables.group_units], out=self._unit_ptr[1:])
         self._unit_ids = np.concatenate([units for units in self.tables.group_units] + [np.zeros(0, dtype=np.int64)])
+        # [units, in _unit_ids' order] rank of each unit among its group's units that output (a unit outputs on
+        # every replica or on none: its batch-scaled or its fixed bytes are non-zero), -1 for the others
+        outputs = (self.tables.unit_out_rows[self._unit_ids] > 0) | (self.tables.unit_out_fixed[self._unit_ids] > 0)
+        self._unit_rank = np.full(self._unit_ids.size, -1, dtype=np.int64)
+        for begin, end in zip(self._unit_ptr[:-1].tolist(), self._unit_ptr[1:].tolist()):
+            self._unit_rank[begin:end][outputs[begin:end]] = np.arange(int(outputs[begin:end].sum()))
         local = [self._local_pairs(g) for g in range(group_graph.num_groups)]
         self._local_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
         np.cumsum([src.size for src, _ in local], out=self._local_ptr[1:])
@@ -612,10 +618,12 @@ class StrategyEvaluator:
         device_ptr = np.zeros(len(layouts) + 1, dtype=np.int64)
         np.cumsum([len(d) for d in devices], out=device_ptr[1:])
         device_list = np.fromiter((d for ds in devices for d in ds), dtype=np.int64, count=device_ptr[-1])
-        out = np.concatenate([layout.out.reshape(-1) for layout in layouts])
+        fractions = np.fromiter((x for layout in layouts for x in layout.fraction), dtype=np.float64,
+                                count=device_ptr[-1])
         (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
          read_task, tensor_first, index, counts) = _replica_fragments(
-            groups, device_ptr, device_list, out, self._unit_ptr, self._local_ptr, self._local_src, self._local_dst,
+            groups, device_ptr, device_list, fractions, self._unit_ptr, self._unit_ids, self._unit_rank,
+            self.tables.unit_out_rows, self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst,
             self._persistent, self.cluster.num_devices, self._merging)
         ends = np.cumsum(counts[:, :5], axis=0)
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
@@ -628,9 +636,7 @@ class StrategyEvaluator:
                     "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
                     "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
         else:  # compact: _assemble computes the rows from the layouts' devices and fractions
-            first = self._arena.add_compact(groups, np.diff(device_ptr), device_list,
-                                            np.fromiter((x for layout in layouts for x in layout.fraction),
-                                                        dtype=np.float64, count=device_ptr[-1]), counts[:, :5])
+            first = self._arena.add_compact(groups, np.diff(device_ptr), device_list, fractions, counts[:, :5])
             fragments = list(range(first, first + len(layouts)))
         for f, layout in enumerate(layouts):
             tasks, tensors = int(counts[f, 0]), int(counts[f, 5])
@@ -931,9 +937,9 @@ class StrategyEvaluator:
                         view("alloc_lag"), view("free_lag"), view("tensor_persistent"), view("read_tensor"),
                         view("read_task"), view("read_lag"), self._merging, self._link_base,
                         self.cluster.num_devices, arena.compact.view("device"), arena.compact.view("fraction"),
-                        self.context.type_array, self._unit_ptr, self._unit_ids, self.tables.unit_time_fixed,
-                        self.tables.unit_time_scaled, self.tables.unit_out_rows, self.tables.unit_out_fixed,
-                        self._local_ptr, self._local_src, self._local_dst, self._persistent)
+                        self.context.type_array, self._unit_ptr, self._unit_ids, self._unit_rank,
+                        self.tables.unit_time_fixed, self.tables.unit_time_scaled, self.tables.unit_out_rows,
+                        self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst, self._persistent)
         return _Assembled(*out)
 
     def _peak_memory(self, columns: _Assembled, start: np.ndarray, finish: np.ndarray) -> np.ndarray:
@@ -990,16 +996,17 @@ def _segmented(refs, counts, ends):
 def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, a_duration, a_kind, a_group,
               a_nres, a_res, a_dep_task, a_dep_on, a_dep_lag, a_tensor_device, a_tensor_bytes, a_tensor_producer,
               a_alloc_lag, a_free_lag, a_tensor_persistent, a_read_tensor, a_read_task, a_read_lag, lagged, link_base,
-              num_devices, c_device, c_fraction, device_type, unit_ptr, unit_ids, unit_time_fixed, unit_time_scaled,
-              unit_out_rows, unit_out_fixed, local_ptr, local_src, local_dst, persistent):
+              num_devices, c_device, c_fraction, device_type, unit_ptr, unit_ids, unit_rank, unit_time_fixed,
+              unit_time_scaled, unit_out_rows, unit_out_fixed, local_ptr, local_src, local_dst, persistent):
     """Global columns (see :class:`_Assembled`; indices int32) of the fragments ``group_fragment`` [G]
     (indexed by group) and ``pair_fragment`` [P] (pairs pair_p [P] -> pair_c [P]), laid out as
     compile_strategy lays out its tasks: compute blocks in ``group_order``, then the pairs' early tasks, then
     their late tasks. A compact fragment's rows are computed from its replicas' devices (``c_device``, of GPU
     type ``device_type``) and batch fractions (``c_fraction``), as its layout computes its durations and
-    output bytes (:func:`~tag.compiler.layout.group_layout`) and :func:`_replica_fragments` lists its rows:
-    its group's units (``unit_ids``, CSR ``unit_ptr``) with their times and output bytes (``unit_time_*``,
-    ``unit_out_*``), the pairs of them that read each other (``local_*``) and its persistent bytes."""
+    output bytes (:func:`~tag.compiler.layout.group_layout`) and :func:`_replica_rows` lists its rows for
+    :func:`_replica_fragments`: its group's units (``unit_ids``, CSR ``unit_ptr``, ``unit_rank``) with their
+    times (``unit_time_*``) and output bytes (``unit_out_*``), the pairs of them that read each other
+    (``local_*``) and its persistent bytes."""
     num_groups = group_order.size
     num_pairs = pair_fragment.size
     num_used = num_groups + num_pairs
@@ -1131,55 +1138,16 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
     tensor_persistent = np.empty(tensors, dtype=np.bool_)
     e = 0
     q = 0
-    max_units = 0
-    for g in range(num_groups):
-        max_units = max(max_units, unit_ptr[g + 1] - unit_ptr[g])
-    tensor_first = np.empty(max_units, dtype=np.int64)  # a compact fragment's: each unit's first output tensor
     for k in range(num_used):
         f = used[k]
         bases = task_base[k]
         tbases = tensor_base[k]
         g = meta[f, _COMPACT]
-        if g >= 0:  # compact (never lagged): dependencies, reads, then tensors, as _replica_fragments lists them
-            first_replica, r = meta[f, _RES0], meta[f, _REPLICAS]
-            base, tensor_base_f = bases[2], tbases[2]
-            n = 0
-            for u in range(unit_ptr[g + 1] - unit_ptr[g]):
-                unit = unit_ids[unit_ptr[g] + u]  # a unit outputs on every replica or on none: judged by the first
-                if unit_out_rows[unit] * c_fraction[first_replica] + unit_out_fixed[unit] > 0:
-                    tensor_first[u] = n
-                    n += r
-                else:
-                    tensor_first[u] = -1
-            for i in range(local_ptr[g], local_ptr[g + 1]):
-                for j in range(r):
-                    dep_task[e] = base + local_dst[i] * r + j
-                    dep_on[e] = base + local_src[i] * r + j
-                    e += 1
-            for i in range(local_ptr[g], local_ptr[g + 1]):
-                source = tensor_first[local_src[i]]
-                if source >= 0:
-                    for j in range(r):
-                        read_tensor[q] = tensor_base_f + source + j
-                        read_task[q] = base + local_dst[i] * r + j
-                        q += 1
-            n = tensor_base_f
-            for u in range(unit_ptr[g + 1] - unit_ptr[g]):
-                if tensor_first[u] >= 0:
-                    unit = unit_ids[unit_ptr[g] + u]
-                    for j in range(r):
-                        tensor_device[n] = c_device[first_replica + j]
-                        tensor_bytes[n] = unit_out_rows[unit] * c_fraction[first_replica + j] + unit_out_fixed[unit]
-                        tensor_producer[n] = base + u * r + j
-                        tensor_persistent[n] = False
-                        n += 1
-            if persistent[g] > 0:
-                for j in range(r):
-                    tensor_device[n] = c_device[first_replica + j]
-                    tensor_bytes[n] = persistent[g]
-                    tensor_producer[n] = -1
-                    tensor_persistent[n] = True
-                    n += 1
+        if g >= 0:  # compact (never lagged)
+            e, q, _ = _replica_rows(g, meta[f, _REPLICAS], c_device, c_fraction, meta[f, _RES0], unit_ptr, unit_ids,
+                                    unit_rank, unit_out_rows, unit_out_fixed, local_ptr, local_src, local_dst,
+                                    persistent, bases[2], tbases[2], dep_task, dep_on, read_tensor, read_task,
+                                    tensor_device, tensor_bytes, tensor_producer, tensor_persistent, e, q, tbases[2])
             continue
         for i in range(meta[f, _DEP0], meta[f, _DEP0] + meta[f, _DEPS]):
             ref = a_dep_task[i]
@@ -1213,116 +1181,115 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
 
 
 @_jit
-def _replica_fragments(groups, device_ptr, devices, out, unit_ptr, local_ptr, local_src, local_dst, persistent,
-                       num_devices, rows):
+def _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank, unit_out_rows, unit_out_fixed,
+                  local_ptr, local_src, local_dst, persistent, task_base, tensor_base, dep_task, dep_on, read_tensor,
+                  read_task, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, e, q, n):
+    """Write the rows of group ``g`` replicated on the R = ``r`` devices ``devices[first:first + r]`` with batch
+    fractions ``fractions[first:first + r]``, as ``_Compiler.group_fragment`` lists them: its tasks are
+    unit-major then replica (unit u's replica j is task ``task_base + u * r + j``, on the j-th device); every
+    pair of its units that read each other (``local_src -> local_dst``, CSR ``local_ptr``, unit indices) adds
+    a dependency per replica, at ``e``, and a read per replica where the source outputs, at ``q``; each unit
+    that outputs (``unit_rank`` >= 0: its rank among them) has a tensor per replica, numbered in unit order
+    from ``tensor_base`` and written at ``n``, of the layout's bytes (batch-scaled bytes times the fraction,
+    plus the fixed ones); then, if the group has persistent bytes, one persistent tensor per device. Returns
+    the next (e, q, n)."""
+    first_unit = unit_ptr[g]
+    for i in range(local_ptr[g], local_ptr[g + 1]):
+        for j in range(r):
+            dep_task[e] = task_base + local_dst[i] * r + j
+            dep_on[e] = task_base + local_src[i] * r + j
+            e += 1
+    for i in range(local_ptr[g], local_ptr[g + 1]):
+        rank = unit_rank[first_unit + local_src[i]]
+        if rank >= 0:
+            for j in range(r):
+                read_tensor[q] = tensor_base + rank * r + j
+                read_task[q] = task_base + local_dst[i] * r + j
+                q += 1
+    for u in range(unit_ptr[g + 1] - first_unit):
+        if unit_rank[first_unit + u] >= 0:
+            unit = unit_ids[first_unit + u]
+            for j in range(r):
+                tensor_device[n] = devices[first + j]
+                tensor_bytes[n] = unit_out_rows[unit] * fractions[first + j] + unit_out_fixed[unit]
+                tensor_producer[n] = task_base + u * r + j
+                tensor_persistent[n] = False
+                n += 1
+    if persistent[g] > 0:
+        for j in range(r):
+            tensor_device[n] = devices[first + j]
+            tensor_bytes[n] = persistent[g]
+            tensor_producer[n] = -1
+            tensor_persistent[n] = True
+            n += 1
+    return e, q, n
+
+
+@_jit
+def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_ids, unit_rank, unit_out_rows,
+                       unit_out_fixed, local_ptr, local_src, local_dst, persistent, num_devices, rows):
     """The group fragments of F replicated layouts, one after another: layout f is group ``groups[f]`` on the
-    R devices ``devices[device_ptr[f]:device_ptr[f + 1]]`` with output bytes ``out`` [units * R] (unit-major,
-    from the sum of the earlier layouts' units * R). Its tasks are unit-major then replica (unit u's replica
-    r is task u * R + r, on the r-th device); each unit that outputs (on every replica or on none: judged by
-    its first replica's bytes) has a tensor per replica, numbered in unit order; then, if the group has
-    persistent bytes, one persistent tensor per device. Every pair of the group's units that read each other
-    (``local_src -> local_dst`` [unit_ptr-style CSR ``local_ptr`` per group], unit indices) adds a dependency
-    per replica, and a read where the source outputs. Returns (res [tasks]: each task's device, dep_task,
-    dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor, read_task,
-    tensor_first (each unit's first output tensor, -1; units of layout f after the earlier layouts'),
-    index [F, D] (replica of each device, -1), counts [F, 6]: tasks, resources, dependencies, tensors, reads
-    and output tensors of each fragment). Without ``rows`` (compact fragments: :func:`_assemble` lists them)
-    the dependency, tensor and read columns are empty and only the counts are taken."""
+    R devices ``devices[device_ptr[f]:device_ptr[f + 1]]`` with batch fractions ``fractions`` (the same
+    slice), its rows as :func:`_replica_rows` writes them, references relative to the fragment. Returns
+    (res [tasks]: each task's device, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer,
+    tensor_persistent, read_tensor, read_task, tensor_first (each unit's first output tensor, -1; units of
+    layout f after the earlier layouts'), index [F, D] (replica of each device, -1), counts [F, 6]: tasks,
+    resources, dependencies, tensors, reads and output tensors of each fragment). Without ``rows`` (compact
+    fragments: :func:`_assemble` writes them) the dependency, tensor and read columns are empty and only the
+    counts are taken."""
     f_count = groups.size
-    tasks = 0
-    deps = 0
-    tensors = 0
-    reads = 0
+    counts = np.zeros((f_count, 6), dtype=np.int64)
     units_total = 0
-    o = 0  # into ``out``
     for f in range(f_count):
         g = groups[f]
         r = device_ptr[f + 1] - device_ptr[f]
         units = unit_ptr[g + 1] - unit_ptr[g]
-        tasks += units * r
-        deps += (local_ptr[g + 1] - local_ptr[g]) * r
-        for u in range(units):
-            if out[o + u * r] > 0:
-                tensors += r
-        for k in range(local_ptr[g], local_ptr[g + 1]):
-            if out[o + local_src[k] * r] > 0:
-                reads += r
-        if persistent[g] > 0:
-            tensors += r
+        outputs = 0
+        for u in range(unit_ptr[g], unit_ptr[g + 1]):
+            outputs += unit_rank[u] >= 0
+        reads = 0
+        for i in range(local_ptr[g], local_ptr[g + 1]):
+            reads += unit_rank[unit_ptr[g] + local_src[i]] >= 0
+        counts[f, 0] = counts[f, 1] = units * r
+        counts[f, 2] = (local_ptr[g + 1] - local_ptr[g]) * r
+        counts[f, 3] = (outputs + (persistent[g] > 0)) * r
+        counts[f, 4] = reads * r
+        counts[f, 5] = outputs * r
         units_total += units
-        o += units * r
-    if not rows:
-        deps = tensors = reads = 0
-    res = np.empty(tasks, dtype=np.int64)
-    dep_task = np.empty(deps, dtype=np.int64)
-    dep_on = np.empty(deps, dtype=np.int64)
-    tensor_device = np.empty(tensors, dtype=np.int64)
-    tensor_bytes = np.empty(tensors)
-    tensor_producer = np.empty(tensors, dtype=np.int64)
-    tensor_persistent = np.zeros(tensors, dtype=np.bool_)
-    read_tensor = np.empty(reads, dtype=np.int64)
-    read_task = np.empty(reads, dtype=np.int64)
+    totals = counts.sum(axis=0) if rows else np.zeros(6, dtype=np.int64)
+    res = np.empty(counts[:, 0].sum(), dtype=np.int64)
+    dep_task = np.empty(totals[2], dtype=np.int64)
+    dep_on = np.empty(totals[2], dtype=np.int64)
+    tensor_device = np.empty(totals[3], dtype=np.int64)
+    tensor_bytes = np.empty(totals[3])
+    tensor_producer = np.empty(totals[3], dtype=np.int64)
+    tensor_persistent = np.zeros(totals[3], dtype=np.bool_)
+    read_tensor = np.empty(totals[4], dtype=np.int64)
+    read_task = np.empty(totals[4], dtype=np.int64)
     tensor_first = np.empty(units_total, dtype=np.int64)
     index = np.full((f_count, num_devices), -1, dtype=np.int64)
-    counts = np.zeros((f_count, 6), dtype=np.int64)
     t = 0
-    e = 0
-    n = 0
-    q = 0
     w = 0  # into tensor_first
-    o = 0
+    e = q = n = 0
     for f in range(f_count):
         g = groups[f]
-        first_device = device_ptr[f]
-        r = device_ptr[f + 1] - first_device
+        first = device_ptr[f]
+        r = device_ptr[f + 1] - first
         units = unit_ptr[g + 1] - unit_ptr[g]
-        n0, e0, q0 = n, e, q
         for k in range(r):
-            index[f, devices[first_device + k]] = k
+            index[f, devices[first + k]] = k
         for u in range(units):
             for k in range(r):
-                res[t + u * r + k] = devices[first_device + k]
-            if out[o + u * r] > 0:
-                tensor_first[w + u] = n - n0
-                if rows:
-                    for k in range(r):
-                        tensor_device[n + k] = devices[first_device + k]
-                        tensor_bytes[n + k] = out[o + u * r + k]
-                        tensor_producer[n + k] = u * r + k
-                n += r
-            else:
-                tensor_first[w + u] = -1
-        counts[f, 5] = n - n0
-        if persistent[g] > 0:
-            if rows:
-                for k in range(r):
-                    tensor_device[n + k] = devices[first_device + k]
-                    tensor_bytes[n + k] = persistent[g]
-                    tensor_producer[n + k] = -1
-                    tensor_persistent[n + k] = True
-            n += r
-        for k in range(local_ptr[g], local_ptr[g + 1]):
-            if rows:
-                for j in range(r):
-                    dep_task[e + j] = local_dst[k] * r + j
-                    dep_on[e + j] = local_src[k] * r + j
-            e += r
-        for k in range(local_ptr[g], local_ptr[g + 1]):
-            first = tensor_first[w + local_src[k]]
-            if first >= 0:
-                if rows:
-                    for j in range(r):
-                        read_tensor[q + j] = first + j
-                        read_task[q + j] = local_dst[k] * r + j
-                q += r
-        counts[f, 0] = units * r
-        counts[f, 1] = units * r
-        counts[f, 2] = e - e0
-        counts[f, 3] = n - n0
-        counts[f, 4] = q - q0
+                res[t + u * r + k] = devices[first + k]
+            rank = unit_rank[unit_ptr[g] + u]
+            tensor_first[w + u] = rank * r if rank >= 0 else -1
+        if rows:
+            e, q, n = _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank, unit_out_rows,
+                                    unit_out_fixed, local_ptr, local_src, local_dst, persistent, 0, 0, dep_task,
+                                    dep_on, read_tensor, read_task, tensor_device, tensor_bytes, tensor_producer,
+                                    tensor_persistent, e, q, n)
         t += units * r
         w += units
-        o += units * r
     return (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
             read_task, tensor_first, index, counts)
 
