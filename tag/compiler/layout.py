@@ -58,7 +58,6 @@ class GroupLayout(NamedTuple):
     op_device: dict | None = None  # model-parallel only: op id -> device
     op_piece: dict | None = None  # model-parallel only: op id -> index into pieces
     key: tuple = ()  # (group, placement row, option, batch split): equal keys, equal layouts
-    out: np.ndarray | None = None  # [units of the group, R] output bytes of each compute task (not model-parallel)
 
     @property
     def model_parallel(self) -> bool:
@@ -87,7 +86,7 @@ class ClusterContext:
     collective_held: dict = field(default_factory=dict)  # devices -> resources a collective over them holds
     blocks: dict = field(default_factory=dict)  # layout key -> its compute tasks as lists (compute_block)
     placements: dict = field(default_factory=dict)  # (placement row, sync option, batch split) -> _placement
-    unit_tables: dict = field(default_factory=dict)  # group -> its units' rows of the compute and output tables
+    unit_tables: dict = field(default_factory=dict)  # group -> its units' rows of the compute-time tables
     mp_splits: dict = field(default_factory=dict)
     mp_cuts: dict = field(default_factory=dict)  # (group, device types) -> its model-parallel cut (_cut_group)
     mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them
@@ -197,8 +196,10 @@ def compute_block(tables: CompilerTables, context: ClusterContext, layout: Group
         units = tables.group_units[layout.group]
         r = len(layout.devices)
         labels = [label for unit in units.tolist() for label in [tables.unit_label[unit]] * r]
+        fraction = np.asarray(layout.fraction)
+        out = tables.unit_out_rows[units][:, None] * fraction[None, :] + tables.unit_out_fixed[units][:, None]
         found = (layout.durations.reshape(-1).tolist(), list(layout.devices) * len(units), labels,
-                 layout.out.reshape(-1).tolist())
+                 out.reshape(-1).tolist())
         context.blocks[layout.key] = found
     return found
 
@@ -218,13 +219,10 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, group: int, ma
     per_group = context.unit_tables.get(group)
     if per_group is None:
         units = tables.group_units[group]
-        per_group = context.unit_tables[group] = (tables.unit_time_fixed[units], tables.unit_time_scaled[units],
-                                                  tables.unit_out_rows[units][:, None],
-                                                  tables.unit_out_fixed[units][:, None])
-    time_fixed, time_scaled, out_rows, out_fixed = per_group
+        per_group = context.unit_tables[group] = (tables.unit_time_fixed[units], tables.unit_time_scaled[units])
+    time_fixed, time_scaled = per_group
     durations = time_fixed[:, device_types] + time_scaled[:, device_types] * fraction
-    out = out_rows * fraction[None, :] + out_fixed
-    return GroupLayout(group=group, option=option, **base, durations=durations, out=out)
+    return GroupLayout(group=group, option=option, **base, durations=durations)
 
 
 def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, batch_split: str) -> tuple:
