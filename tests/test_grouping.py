@@ -24,6 +24,7 @@ from tag.grouping import (
     repair_acyclic,
     split_group,
 )
+from tag.grouping.metis import GroupSplitter
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pipedream-profiles"
 
@@ -310,6 +311,28 @@ def test_split_group_convex_pieces_form_a_dag():
     assert quotient_is_dag(graph.edge_src, graph.edge_dst, device)
     loose = split_group(graph, ops, [1, 1, 1])
     assert set(loose.tolist()) <= {0, 1, 2}
+
+
+def test_group_splitter_reuses_its_setup_and_matches_split_group():
+    """One GroupSplitter split over many device sets, in any order, gives split_group's answer each time; it
+    prepares the group once (on the first split over more than one device) and METIS's graph once."""
+    graph, _ = training_graph(6)
+    ops = np.arange(2, graph.num_ops)  # a group: every op but the first two
+    splitter = GroupSplitter(graph, ops)
+    assert splitter.split([4]).tolist() == [0] * ops.size and splitter._setup is None  # one device: no work
+    speed_sets = [[1, 1], [1, 2, 3], [3, 1], [1, 1, 1, 1], [2, 1], [1, 2, 3]]
+    for convex in (False, True):
+        for speeds in speed_sets:
+            np.testing.assert_array_equal(splitter.split(speeds, convex=convex, seed=5),
+                                          split_group(graph, ops, speeds, convex=convex, seed=5))
+    prepared, metis_graph = splitter._setup, splitter._metis
+    assert prepared is not None and metis_graph is not None
+    splitter.split([1, 3])
+    assert splitter._setup is prepared and splitter._metis is metis_graph
+    with pytest.raises(GroupingError, match="device speeds"):
+        splitter.split([1, 0])
+    with pytest.raises(GroupingError, match="repeated op ids"):
+        GroupSplitter(graph, [3, 3])
 
 
 @pytest.mark.parametrize("speeds", [[], [1, 0], [1, -2], [1, math.inf]])

@@ -23,7 +23,8 @@ import numpy as np
 
 from tag.cluster import Cluster
 from tag.cost.comm import hop_bandwidths
-from tag.grouping import quotient_is_dag, split_group
+from tag.grouping import quotient_is_dag
+from tag.grouping.metis import GroupSplitter
 from tag.strategy import MODEL_PARALLEL, SYNC_OPTIONS, Strategy
 from tag.compiler.tables import CompilerTables
 
@@ -90,6 +91,7 @@ class ClusterContext:
     mp_splits: dict = field(default_factory=dict)
     mp_cuts: dict = field(default_factory=dict)  # (group, device types) -> its model-parallel cut (_cut_group)
     mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them
+    mp_splitters: dict = field(default_factory=dict)  # (group, first device's type) -> its GroupSplitter (split_group)
     plans: dict = field(default_factory=dict)  # the compiler's per-bundle plans, keyed by bundle and layouts
     skeletons: dict = field(default_factory=dict)  # bundle plans without bytes, keyed by bundle kind and layouts
     compute_resources: list = field(default_factory=list)  # [D] (device,): a compute task's resources
@@ -271,9 +273,12 @@ def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devi
     gg = tables.group_graph
     graph = gg.op_graph
     ops = gg.group_members(group)
-    speeds = context.speed[list(devices)]
-    gpu = context.cluster.gpu(devices[0])
-    where = split_group(graph, ops, speeds, cost=gg.cost, gpu=gpu)  # [len(ops)] index into devices
+    key = (group, context.type_index[devices[0]])
+    splitter = context.mp_splitters.get(key)
+    if splitter is None:
+        splitter = context.mp_splitters[key] = GroupSplitter(graph, ops, cost=gg.cost,
+                                                             gpu=context.cluster.gpu(devices[0]))
+    where = splitter.split(context.speed[list(devices)])  # [len(ops)] index into devices (split_group)
     pieces: list[Piece] = []
     slots: list[int] = []
     op_piece: dict[int, int] = {}

@@ -74,6 +74,7 @@ from tag.grouping.group_graph import GpuSpec, GroupGraph, resolve_gpus
 __all__ = [
     "group_ops",
     "split_group",
+    "GroupSplitter",
     "op_atoms",
     "naive_groups",
     "DEFAULT_NUM_GROUPS",
@@ -262,12 +263,20 @@ def _integer_weights(values: np.ndarray) -> np.ndarray:
 
 
 def metis_parts(num_nodes: int, src: np.ndarray, dst: np.ndarray, edge_bytes: np.ndarray, weight: np.ndarray,
-                 num_parts: int, *, ufactor: int, seed: int, tpwgts: Sequence[float] | None = None) -> np.ndarray:
+                num_parts: int, *, ufactor: int, seed: int, tpwgts: Sequence[float] | None = None) -> np.ndarray:
     """[K] METIS k-way part of each node of the graph made undirected (parallel edges merged).
 
     ``weight`` [K] node weights and ``edge_bytes`` [E] edge weights are scaled to integers; ``tpwgts``
     gives each part's target share of the total node weight (None: equal shares).
     """
+    return _metis_run(_metis_graph(num_nodes, src, dst, edge_bytes, weight), num_parts, ufactor=ufactor, seed=seed,
+                      tpwgts=tpwgts)
+
+
+def _metis_graph(num_nodes: int, src: np.ndarray, dst: np.ndarray, edge_bytes: np.ndarray,
+                 weight: np.ndarray) -> tuple:
+    """What METIS is given of a graph, whatever the parts asked of it: (CSR adjacency of the graph made
+    undirected, parallel edges merged; its edge weights; the node weights), weights scaled to integers."""
     lo, hi = np.minimum(src, dst), np.maximum(src, dst)
     keep = lo != hi
     pair, inverse = np.unique(lo[keep] * num_nodes + hi[keep], return_inverse=True)
@@ -280,9 +289,16 @@ def metis_parts(num_nodes: int, src: np.ndarray, dst: np.ndarray, edge_bytes: np
     np.cumsum(np.bincount(ends, minlength=num_nodes), out=xadj[1:])
     adjacency = pymetis.CSRAdjacency(xadj, others[order])
     eweights = _integer_weights(np.concatenate([pair_bytes, pair_bytes])[order])
+    return adjacency, eweights, _integer_weights(weight)
+
+
+def _metis_run(metis_graph: tuple, num_parts: int, *, ufactor: int, seed: int,
+               tpwgts: Sequence[float] | None) -> np.ndarray:
+    """[K] METIS k-way part of each node of a :func:`_metis_graph`."""
+    adjacency, eweights, vweights = metis_graph
     options = pymetis.Options(seed=int(seed), ufactor=int(ufactor))
     with _quiet_c_stdout():
-        _, part = pymetis.part_graph(num_parts, adjacency, vweights=_integer_weights(weight), eweights=eweights,
+        _, part = pymetis.part_graph(num_parts, adjacency, vweights=vweights, eweights=eweights,
                                      tpwgts=None if tpwgts is None else list(tpwgts), recursive=False,
                                      options=options)
     return np.asarray(part, dtype=np.int64)
@@ -342,52 +358,77 @@ def split_group(graph: OpGraph, group_ops: Sequence[int] | np.ndarray, device_sp
     pieces, matched heaviest piece to fastest device, or the greedy split (always convex) if better
     balanced by more than the tolerance.
     """
-    ops = np.asarray(group_ops, dtype=np.int64).reshape(-1)
-    speeds = np.asarray(device_speeds, dtype=np.float64).reshape(-1)
-    _check_positive_int(ufactor, "ufactor")
-    if ops.size == 0:
-        raise GroupingError("split_group: the group has no ops")
-    if ops.min() < 0 or ops.max() >= graph.num_ops:
-        raise GroupingError(f"split_group: op ids must be in 0..{graph.num_ops - 1}")
-    if np.unique(ops).size != ops.size:
-        raise GroupingError("split_group: repeated op ids in the group")
-    if speeds.size == 0 or not np.isfinite(speeds).all() or (speeds <= 0).any():
-        raise GroupingError(f"split_group: device speeds must be positive and finite, got {speeds.tolist()}")
-    if speeds.size == 1:
-        return np.zeros(ops.size, dtype=np.int64)
-    cost = cost if cost is not None else CostModel()
-    gpu = resolve_gpus(gpu)[0]
-    weight = cost.op_times(graph, gpu)[ops]  # [n]
-    if weight.sum() <= 0:
-        weight = np.ones(ops.size)
-    local = np.full(graph.num_ops, -1, dtype=np.int64)
-    local[ops] = np.arange(ops.size)
-    inside = (local[graph.edge_src] >= 0) & (local[graph.edge_dst] >= 0)
-    src, dst = local[graph.edge_src[inside]], local[graph.edge_dst[inside]]
-    edge_bytes = graph.edge_bytes[inside]
-    order = dag_order(ops.size, src, dst)
-    greedy = _greedy_split(order, weight, speeds)
-    if ops.size < _MIN_OPS_PER_DEVICE * speeds.size:
-        log.debug("split_group: %d ops for %d devices; greedy split", ops.size, speeds.size)
-        return greedy
-    device = metis_parts(ops.size, src, dst, edge_bytes, weight, speeds.size, ufactor=ufactor,
-                          seed=_metis_seed(seed), tpwgts=speeds / speeds.sum())
-    if convex and not quotient_is_dag(src, dst, device):
-        piece, _ = repair_acyclic(ops.size, src, dst, edge_bytes, weight, device, max_groups=speeds.size)
-        piece_weight = np.bincount(piece, weights=weight)
-        device_of_piece = np.empty(piece_weight.size, dtype=np.int64)
-        fastest_first = np.argsort(-speeds, kind="stable")
-        device_of_piece[np.argsort(-piece_weight, kind="stable")] = fastest_first[: piece_weight.size]
-        device = device_of_piece[piece]
-    # METIS's objective, applied to the two candidates: least cut among those balanced within the tolerance.
-    candidates = (device, greedy)
-    makespan = np.array([_makespan(c, weight, speeds) for c in candidates])
-    cut = np.array([edge_cut(src, dst, edge_bytes, c) for c in candidates])
-    feasible = makespan <= (1 + ufactor / 1000) * makespan.min()
-    choice = int(np.lexsort((makespan, np.where(feasible, cut, np.inf)))[0])
-    if choice == 1:
-        log.debug("split_group: the greedy split of a %d-op group beats METIS's", ops.size)
-    return candidates[choice]
+    return GroupSplitter(graph, group_ops, cost=cost, gpu=gpu).split(device_speeds, ufactor=ufactor, convex=convex,
+                                                                     seed=seed)
+
+
+class GroupSplitter:
+    """:func:`split_group` for one group on one GPU type, over any device speeds: what does not depend on the
+    devices (the ops' weights, the edges inside the group, a topological order, METIS's graph) is computed
+    once, on first use, so that a search splitting a group over many device sets pays for it once."""
+
+    def __init__(self, graph: OpGraph, group_ops: Sequence[int] | np.ndarray, *, cost: CostModel | None = None,
+                 gpu: GPUType | str | None = None):
+        ops = np.asarray(group_ops, dtype=np.int64).reshape(-1)
+        if ops.size == 0:
+            raise GroupingError("split_group: the group has no ops")
+        if ops.min() < 0 or ops.max() >= graph.num_ops:
+            raise GroupingError(f"split_group: op ids must be in 0..{graph.num_ops - 1}")
+        if np.unique(ops).size != ops.size:
+            raise GroupingError("split_group: repeated op ids in the group")
+        self.graph, self.ops, self._cost, self._gpu = graph, ops, cost, gpu
+        self._setup: tuple | None = None  # (weight [n], src [e], dst [e], edge_bytes [e], order [n])
+        self._metis: tuple | None = None  # _metis_graph of the group
+
+    def _prepared(self) -> tuple:
+        if self._setup is None:
+            graph, ops = self.graph, self.ops
+            cost = self._cost if self._cost is not None else CostModel()
+            weight = cost.op_times(graph, resolve_gpus(self._gpu)[0])[ops]  # [n]
+            if weight.sum() <= 0:
+                weight = np.ones(ops.size)
+            local = np.full(graph.num_ops, -1, dtype=np.int64)
+            local[ops] = np.arange(ops.size)
+            inside = (local[graph.edge_src] >= 0) & (local[graph.edge_dst] >= 0)
+            src, dst = local[graph.edge_src[inside]], local[graph.edge_dst[inside]]
+            self._setup = (weight, src, dst, graph.edge_bytes[inside], dag_order(ops.size, src, dst))
+        return self._setup
+
+    def split(self, device_speeds: Sequence[float] | np.ndarray, *, ufactor: int = DEFAULT_SPLIT_UFACTOR,
+              convex: bool = False, seed: int | np.random.Generator = 0) -> np.ndarray:
+        """[ops] device index (into ``device_speeds``) of each op of the group (:func:`split_group`)."""
+        ops = self.ops
+        speeds = np.asarray(device_speeds, dtype=np.float64).reshape(-1)
+        _check_positive_int(ufactor, "ufactor")
+        if speeds.size == 0 or not np.isfinite(speeds).all() or (speeds <= 0).any():
+            raise GroupingError(f"split_group: device speeds must be positive and finite, got {speeds.tolist()}")
+        if speeds.size == 1:
+            return np.zeros(ops.size, dtype=np.int64)
+        weight, src, dst, edge_bytes, order = self._prepared()
+        greedy = _greedy_split(order, weight, speeds)
+        if ops.size < _MIN_OPS_PER_DEVICE * speeds.size:
+            log.debug("split_group: %d ops for %d devices; greedy split", ops.size, speeds.size)
+            return greedy
+        if self._metis is None:
+            self._metis = _metis_graph(ops.size, src, dst, edge_bytes, weight)
+        device = _metis_run(self._metis, speeds.size, ufactor=ufactor, seed=_metis_seed(seed),
+                            tpwgts=speeds / speeds.sum())
+        if convex and not quotient_is_dag(src, dst, device):
+            piece, _ = repair_acyclic(ops.size, src, dst, edge_bytes, weight, device, max_groups=speeds.size)
+            piece_weight = np.bincount(piece, weights=weight)
+            device_of_piece = np.empty(piece_weight.size, dtype=np.int64)
+            fastest_first = np.argsort(-speeds, kind="stable")
+            device_of_piece[np.argsort(-piece_weight, kind="stable")] = fastest_first[: piece_weight.size]
+            device = device_of_piece[piece]
+        # METIS's objective, applied to the two candidates: least cut among those balanced within the tolerance.
+        candidates = (device, greedy)
+        makespan = np.array([_makespan(c, weight, speeds) for c in candidates])
+        cut = np.array([edge_cut(src, dst, edge_bytes, c) for c in candidates])
+        feasible = makespan <= (1 + ufactor / 1000) * makespan.min()
+        choice = int(np.lexsort((makespan, np.where(feasible, cut, np.inf)))[0])
+        if choice == 1:
+            log.debug("split_group: the greedy split of a %d-op group beats METIS's", ops.size)
+        return candidates[choice]
 
 
 def _greedy_split(order: np.ndarray, weight: np.ndarray, speeds: np.ndarray) -> np.ndarray:
