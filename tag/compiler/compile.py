@@ -64,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -949,20 +949,33 @@ def collective_duration(context: ClusterContext, op: str, holders: tuple[int, ..
     server chosen round robin (no servers for an all-reduce)."""
     n = len(holders)
     if op == "allreduce":
-        bandwidth, latency = context.ring(holders)
-        duration = 2.0 * (n - 1) / n * nbytes / bandwidth + count * 2.0 * (n - 1) * latency if nbytes > 0 else 0.0
-        return duration, ()
+        return ring_allreduce_seconds(n, *context.ring(holders), nbytes, count), ()
+    sync_index = context.tables.use_sync_index
+    chosen = [holders[(consumer_group + int(sync_index[q])) % n] for q in uses]
+    servers = [context.server(holders, ps) for ps in holders]
+    duration = ps_seconds(servers, consumer_group, uses, sync_index, context.tables.use_bytes)
+    return duration, tuple(sorted(set(chosen)))
+
+
+def ring_allreduce_seconds(n: int, bandwidth: float, latency: float, nbytes: float, count: int) -> float:
+    """Seconds of a ring all-reduce of ``nbytes`` in ``count`` tensors over ``n`` devices whose ring has the
+    slowest hop ``bandwidth`` and the largest hop ``latency`` (:meth:`ClusterContext.ring`)."""
+    return 2.0 * (n - 1) / n * nbytes / bandwidth + count * 2.0 * (n - 1) * latency if nbytes > 0 else 0.0
+
+
+def ps_seconds(servers: Sequence[tuple[float, float]], consumer_group: int, uses: tuple[int, ...],
+               sync_index: Sequence[int], use_bytes: Sequence[float]) -> float:
+    """Seconds of a PS push + pull of the uses ``uses`` over the devices whose ``servers[j]`` is
+    :meth:`ClusterContext.server` of the j-th as the server: each parameter's server chosen round robin
+    (``sync_index``), each push and pull at its server's latency and summed inverse bandwidths."""
+    n = len(servers)
     duration = 0.0
-    chosen = []
-    sync_index, use_bytes = context.tables.use_sync_index, context.tables.use_bytes
     for q in uses:
-        ps = holders[(consumer_group + int(sync_index[q])) % n]
-        chosen.append(ps)
-        latency, inverse = context.server(holders, ps)
+        latency, inverse = servers[(consumer_group + int(sync_index[q])) % n]
         size = float(use_bytes[q])
         if size > 0:
             duration += 2.0 * (latency + size * inverse)
-    return duration, tuple(sorted(set(chosen)))
+    return duration
 
 
 def collective_resources(context: ClusterContext, devices: tuple[int, ...]) -> tuple[int, ...]:

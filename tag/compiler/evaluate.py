@@ -65,7 +65,8 @@ from tag.sim.result import SimulationResult, feedback_from_columns, result_from_
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
                                TASK_COMPUTE, TASK_TRANSFER)
 from tag.strategy import BATCH_SPLITS, Strategy, device_group_sizes
-from tag.compiler.compile import ADAM_COPIES, _Compiler, collective_duration, collective_resources
+from tag.compiler.compile import (ADAM_COPIES, _Compiler, collective_resources, ps_seconds,
+                                  ring_allreduce_seconds)
 from tag.compiler.errors import CompileError
 from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout
 from tag.compiler.tables import GRANULARITIES, Bundle, CompilerTables, compiler_tables
@@ -435,6 +436,8 @@ class StrategyEvaluator:
         cross = machine[:, None] != machine[None, :]  # [D, D]
         self._nic_out = np.where(cross, np.asarray(context.nic_out)[:, None], -1)  # [D, D] resource id, -1 if none
         self._nic_in = np.where(cross, np.asarray(context.nic_in)[None, :], -1)  # [D, D]
+        self._use_sync_index = self.tables.use_sync_index.tolist()  # [Q] PS round robin offset of each use
+        self._use_bytes = self.tables.use_bytes.tolist()  # [Q]
         self._unit_position = np.zeros(self.tables.num_units, dtype=np.int64)  # [U] index among its group's units
         for units in self.tables.group_units:
             self._unit_position[units] = np.arange(units.size)
@@ -774,8 +777,8 @@ class StrategyEvaluator:
             c_replicas.append(block_c.replicas)
             c_devices.append(block_c.task_device)
             c_shift.append(0 if same else block_p.tasks)
-            if collectives:
-                self._collectives(bundle_ptr[-1], bundles, kind_of, skeletons, collective_bundle, holder_ptr,
+            if collectives is not None:
+                self._collectives(bundle_ptr[-1], bundles, kind_of, collectives, collective_bundle, holder_ptr,
                                   holders, collective_seconds, held_ptr, held)
             bundle_ptr.append(bundle_ptr[-1] + len(unit))
             collective_ptr.append(len(collective_bundle))
@@ -822,36 +825,58 @@ class StrategyEvaluator:
             fragments.append(self._arena.add(one, merged_blocks, int(counts[m, 5])))
         return fragments
 
-    def _collectives(self, first_bundle: int, bundles: list, kind_of: np.ndarray, skeletons: list, which: list,
+    def _collectives(self, first_bundle: int, bundles: list, kind_of: np.ndarray, plans: list, which: list,
                      holder_ptr: list, holders: list, seconds: list, held_ptr: list, held: list) -> None:
         """Append one pair's collectives, as ``_Compiler`` emits them (bundle by bundle, category by category;
         no fusion), for :func:`_pair_fragments`: bundle (numbered from ``first_bundle``), devices, seconds
-        (:func:`~tag.compiler.compile.collective_duration`) and resources
-        (:func:`~tag.compiler.compile.collective_resources`)."""
-        context = self.context
+        (as :func:`~tag.compiler.compile.collective_duration`) and resources, from the collective plan of each
+        bundle's kind (:meth:`_collective_plans`)."""
+        sync_index, use_bytes = self._use_sync_index, self._use_bytes
         for i, kind in enumerate(kind_of.tolist()):
-            skeleton = skeletons[kind]
-            if not skeleton.collectives:
+            plan = plans[kind]
+            if plan is None:
                 continue
-            b, devices = bundles[i], skeleton.holders
-            resources = collective_resources(context, devices)
-            for k, op in skeleton.collectives:
+            devices, resources, collectives, ring, servers = plan
+            b = bundles[i]
+            for k, op in collectives:
                 which.append(first_bundle + i)
-                seconds.append(collective_duration(context, op, devices, b.consumer_group, b.nbytes[k], b.count[k],
-                                                   b.uses[k])[0])
+                if op == "allreduce":
+                    seconds.append(ring_allreduce_seconds(len(devices), *ring, b.nbytes[k], b.count[k]))
+                else:
+                    seconds.append(ps_seconds(servers, b.consumer_group, b.uses[k], sync_index, use_bytes))
                 held.extend(resources)
                 held_ptr.append(len(held))
                 holders.extend(devices)
                 holder_ptr.append(len(holders))
 
+    def _collective_plans(self, skeletons: list) -> list | None:
+        """Per skeleton, what its bundles' collectives take whatever their bytes: (devices, resources
+        (:func:`~tag.compiler.compile.collective_resources`), its (category, op) list, the ring's (bandwidth,
+        latency) if it has all-reduces, each device's (latency, inverse bandwidth) as a parameter server if it
+        has PS syncs); None for a skeleton without collectives, and None for a list without any."""
+        if not any(skeleton.collectives for skeleton in skeletons):
+            return None
+        context = self.context
+        plans = []
+        for skeleton in skeletons:
+            devices = skeleton.holders
+            if not skeleton.collectives:
+                plans.append(None)
+                continue
+            ops = {op for _, op in skeleton.collectives}
+            ring = context.ring(devices) if "allreduce" in ops else None
+            servers = [context.server(devices, ps) for ps in devices] if ops - {"allreduce"} else None
+            plans.append((devices, collective_resources(context, devices), skeleton.collectives, ring, servers))
+        return plans
+
     def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[tuple, list]:
         """What a pair fragment is made from: the bundles as arrays (:meth:`_bundle_arrays`) and the skeleton
-        of each kind of bundle, as [skeletons, their rows in the store (None until stored), whether any has a
-        collective]. The bundles of two replicated layouts are static (their arrays cached per pair); with a
-        model-parallel side they are made per pair of layouts, by pieces. One compiler, given the pair's two
-        layouts, makes them (its caches are the context's). A skeleton depends on a bundle only through its
-        kind, so pairs with the same kinds of bundles (repeated layers) between layouts of the same rows share
-        the list."""
+        of each kind of bundle, as [skeletons, their rows in the store (None until stored), their collective
+        plans (:meth:`_collective_plans`)]. The bundles of two replicated layouts are static (their arrays
+        cached per pair); with a model-parallel side they are made per pair of layouts, by pieces. One
+        compiler, given the pair's two layouts, makes them (its caches are the context's). A skeleton depends
+        on a bundle only through its kind, so pairs with the same kinds of bundles (repeated layers) between
+        layouts of the same rows share the list."""
         layout_p, layout_c = self._block_of[fragment_p].layout, self._block_of[fragment_c].layout
         pair = (layout_p.group, layout_c.group)
         compiler = self._skeleton_compiler
@@ -871,7 +896,7 @@ class StrategyEvaluator:
         if found is None:
             compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
             skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in static[-2]]
-            found = self._skeleton_lists[key] = [skeletons, None, any(skeleton.collectives for skeleton in skeletons)]
+            found = self._skeleton_lists[key] = [skeletons, None, self._collective_plans(skeletons)]
         return static, found
 
     def _bundle_arrays(self, bundles: list, layout_p: GroupLayout, layout_c: GroupLayout) -> tuple:
