@@ -185,7 +185,7 @@ def group_layout(tables: CompilerTables, context: ClusterContext, strategy: Stra
             context.layouts.clear()
             context.blocks.clear()
             context.placements.clear()
-        layout = _make_layout(tables, context, group, mask, option, strategy.batch_split)._replace(key=key)
+        layout = _make_layout(tables, context, key)
         context.layouts[key] = layout
     return layout
 
@@ -206,25 +206,27 @@ def compute_block(tables: CompilerTables, context: ClusterContext, layout: Group
     return found
 
 
-def _make_layout(tables: CompilerTables, context: ClusterContext, group: int, mask: np.ndarray, option: int,
-                 batch_split: str) -> GroupLayout:
+def _make_layout(tables: CompilerTables, context: ClusterContext, key: tuple) -> GroupLayout:
+    """The layout of ``key`` = (group, placement row as bytes, option, batch split)."""
+    group, row, option, batch_split = key
     split_option = option in SYNC_OPTIONS
-    key = (mask.tobytes(), split_option, batch_split)
-    placed = context.placements.get(key)
+    placed = context.placements.get((row, split_option, batch_split))
     if placed is None:
-        placed = context.placements[key] = _placement(context, mask, split_option, batch_split)
+        mask = np.frombuffer(row, dtype=bool)
+        placed = context.placements[(row, split_option, batch_split)] = _placement(context, mask, split_option,
+                                                                                   batch_split)
     devices, fraction, device_types, base = placed
     if option == MODEL_PARALLEL and len(devices) > 1:
         pieces, op_device, op_piece = _model_parallel_pieces(tables, context, group, devices)
         return GroupLayout(group=group, option=option, **base, durations=np.zeros((0, len(devices))), pieces=pieces,
-                           op_device=op_device, op_piece=op_piece)
+                           op_device=op_device, op_piece=op_piece, key=key)
     per_group = context.unit_tables.get(group)
     if per_group is None:
         units = tables.group_units[group]
         per_group = context.unit_tables[group] = (tables.unit_time_fixed[units], tables.unit_time_scaled[units])
     time_fixed, time_scaled = per_group
     durations = time_fixed[:, device_types] + time_scaled[:, device_types] * fraction
-    return GroupLayout(group=group, option=option, **base, durations=durations)
+    return GroupLayout(group=group, option=option, **base, durations=durations, key=key)
 
 
 def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, batch_split: str) -> tuple:
