@@ -55,8 +55,8 @@ A bundle's plan is its *skeleton* (which device sends which fraction of which ca
 what stays local, what a collective syncs; cached per category kinds and pair of layouts, so all the
 bundles of one kind share it) filled with the bundle's bytes. The search's evaluator
 (:mod:`tag.compiler.evaluate`) compiles strategies as fragments (``_Compiler.group_fragment``, the
-skeletons, :func:`collective_duration` and :func:`collective_resources`) numbered so that assembling them
-gives this module's TaskGraph task for task.
+skeletons, :func:`ring_allreduce_seconds`, :func:`ps_seconds` and :func:`collective_resources`) numbered so
+that assembling them gives this module's TaskGraph task for task.
 """
 
 from __future__ import annotations

@@ -19,9 +19,10 @@ from which :func:`_assemble` computes its tasks, tensors, dependencies and reads
 a recorded search). The new pairs of an evaluation are built in one call of the compiled kernel
 :func:`_pair_fragments`: each pair's
 transfers from the compiler's bundle skeletons (``_Compiler._skeleton``: which device sends which fraction
-of which category to which, shared by every bundle of a kind), then its collectives, with the compiler's
-durations and resources (:func:`~tag.compiler.compile.collective_duration`,
-:func:`~tag.compiler.compile.collective_resources`). A model-parallel side is one more block to it (a task
+of which category to which, shared by every bundle of a kind), then its collectives, timed and given
+resources by the compiler's formulas (:func:`~tag.compiler.compile.ring_allreduce_seconds`,
+:func:`~tag.compiler.compile.ps_seconds`, :func:`~tag.compiler.compile.collective_resources`) from a plan
+made once per skeleton list. A model-parallel side is one more block to it (a task
 per piece, its units the pieces), with bundles made per pair of layouts by pieces; model-parallel groups
 (their METIS pieces) go through the compiler's own Python (``_Compiler.group_fragment``). The arena queues
 an evaluation's new fragments and stores them at once, one append per column.
