@@ -653,11 +653,65 @@ def test_evaluator_keeps_replicated_groups_compact(bert_tiny):
     evaluator = StrategyEvaluator(gg, cluster)
     assert_same_result(evaluator(strategy), simulate_fast(compiled))
     compute = int((compiled.kind == TASK_COMPUTE).sum())
-    assert evaluator._arena.compact_tasks == compute
-    assert evaluator._arena.size["task"] == compiled.num_tasks - compute
+    arena, pair_ids = evaluator._arena, evaluator._last_ids[1]
+    assert arena.compact_tasks == compute
+    tasks = arena.meta[:, 1]  # each fragment's tasks (_TASKS)
+    assert tasks[pair_ids].sum() == compiled.num_tasks - compute  # every pair's tasks, shared fragments too
+    assert arena.size["task"] == tasks[np.unique(pair_ids)].sum()  # rows held: one copy of each fragment
     merged = StrategyEvaluator(gg, cluster, granularity="merged")
     merged(strategy)
     assert merged._arena.compact_tasks == 0 and merged._arena.size["task"] > compiled.num_tasks - compute
+
+
+@pytest.mark.parametrize("granularity", ["group", "part"])
+@pytest.mark.parametrize("model, cluster_name, row", [
+    ("bert-large", "tag-testbed", [1, 0, 1, 0, 1, 1, 0]), ("dlrm", "tag-cloud", [1, 1, 1, 0, 1, 0]),
+])
+def test_pairs_of_one_template_share_one_fragment(model, cluster_name, row, granularity):
+    """Every group on one replicated layout: pairs of groups whose bundles and block shapes match (repeated
+    layers) share one pair fragment, built once, and the result is still compile_strategy's bit for bit,
+    each task in its own consumer group. Under PS the parameter servers of a pair's uses enter the template
+    (pairs alike but for their servers would give the wrong schedule if shared)."""
+    cluster = resolve_cluster(cluster_name)
+    gg = group_ops(resolve_model(model, tiny=True), num_groups=30, gpus=cluster)
+    evaluator = StrategyEvaluator(gg, cluster, granularity=granularity)
+    placement = np.repeat(np.array([row], dtype=bool), gg.num_groups, axis=0)
+    for option in (ALLREDUCE, PS, DUPLICATE):
+        strategy = Strategy.from_cluster(cluster, placement, np.full(gg.num_groups, option))
+        before = evaluator._arena.num_fragments
+        got = evaluator(strategy)
+        compiled = compile_strategy(gg, strategy, cluster, granularity=granularity).taskgraph
+        assert_same_result(got, simulate_fast(compiled))  # the feedback's per-group makespans: tasks' groups
+        pair_ids = evaluator._last_ids[1]
+        built = np.unique(pair_ids[pair_ids >= before]).size  # the pair fragments this evaluation built
+        assert 0 < built < pair_ids.size, (option, built, pair_ids.size)
+
+
+def test_mixed_and_overflowing_templates_still_build_every_pair(bert_tiny, monkeypatch):
+    """Pairs with a model-parallel side have no template and are built beside pairs served by a known
+    template (the pair table is dropped so that every pair is looked up again); with template codes too
+    narrow for the rows and classes (3 bits here) the pairs past them are built too. Either way the result
+    is compile_strategy's."""
+    import tag.compiler.evaluate as evaluate
+    from tag.sim.kernels import int_table
+
+    gg, cluster = bert_tiny
+    row = np.zeros(cluster.num_device_groups, dtype=bool)
+    row[:3] = True
+    uniform = Strategy.from_cluster(cluster, np.repeat(row[None, :], gg.num_groups, axis=0),
+                                    np.full(gg.num_groups, ALLREDUCE))
+    strategies = [uniform, uniform.with_group(4, row, MODEL_PARALLEL), Strategy.data_parallel(gg.num_groups, cluster),
+                  random_strategy(gg.num_groups, cluster, seed=1)]
+    for bits in (evaluate._ROW_BITS, 3):
+        monkeypatch.setattr(evaluate, "_ROW_BITS", bits)
+        monkeypatch.setattr(evaluate, "_CLASS_BITS", bits)
+        evaluator = StrategyEvaluator(gg, cluster)
+        for k, strategy in enumerate(strategies):
+            if k == 1:  # after the uniform strategy: its pairs are served by their templates
+                evaluator._pair_table, evaluator._last_ids = int_table(), (None, None)
+            expected = simulate_fast(compile_strategy(gg, strategy, cluster).taskgraph)
+            assert_same_result(evaluator(strategy), expected)
+        assert evaluator._templates and (bits > 3 or len(evaluator._row_ids) <= 8 and len(evaluator._class_ids) <= 8)
 
 
 def test_evaluator_columns_keep_their_rows_as_they_grow():
