@@ -658,6 +658,8 @@ def test_evaluator_keeps_replicated_groups_compact(bert_tiny):
     tasks = arena.meta[:, 1]  # each fragment's tasks (_TASKS)
     assert tasks[pair_ids].sum() == compiled.num_tasks - compute  # every pair's tasks, shared fragments too
     assert arena.size["task"] == tasks[np.unique(pair_ids)].sum()  # rows held: one copy of each fragment
+    shared = np.unique(pair_ids).size
+    assert evaluator.cached_fragments() == (gg.num_groups, shared) and shared < len(pair_ids)  # alike pairs share
     merged = StrategyEvaluator(gg, cluster, granularity="merged")
     merged(strategy)
     assert merged._arena.compact_tasks == 0 and merged._arena.size["task"] > compiled.num_tasks - compute

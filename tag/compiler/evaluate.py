@@ -522,8 +522,10 @@ class StrategyEvaluator:
             raise_on_oom=raise_on_oom)
 
     def cached_fragments(self) -> tuple[int, int]:
-        """(group fragments, pair fragments) the evaluator holds now (what ``max_cached_tasks`` bounds)."""
-        return sum(len(cache) for cache in self._group_fragments), len(self._pair_table)
+        """(group fragments, pair fragments) the evaluator holds now, each built once (pairs of groups alike
+        share a pair fragment: :meth:`_new_pair_fragments`; ``max_cached_tasks`` bounds their tasks)."""
+        groups = sum(len(cache) for cache in self._group_fragments)
+        return groups, self._arena.num_fragments - groups
 
     def _check(self, strategy: Strategy) -> None:
         if not isinstance(strategy, Strategy):
