@@ -51,8 +51,9 @@ batch-row checker — holds for this one (tests/test_compiler.py).
 Cost (BERT-Large, 60 groups, tag-testbed's 16 GPUs, one core; ``scripts/bench_sim.py``): a strategy whose
 fragments are all cached costs the kernels alone, about 2 ms at group granularity (about 20 k tasks),
 1.6 ms merged and 0.5 ms at part granularity; a real search's first evaluation of a strategy (17.6 new
-group and 53.6 new pair fragments on average) about 6–7 ms at group granularity, a new model-parallel
-layout about 2.5 ms more (METIS and its pieces, in Python, once per group and device-type sequence).
+group fragments, 53.6 new pairs of them served by 20.7 new pair fragments, on average) about 3.5 ms at group
+granularity, a new model-parallel layout about 2.5 ms more (METIS and its pieces, in Python, once per group
+and device-type sequence).
 Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not available here.
 """
 
