@@ -657,13 +657,8 @@ class StrategyEvaluator:
     def _row_of(self, layout: GroupLayout) -> int:
         """The id of a replicated layout's row, option and batch split (its key less the group), for
         templates (:meth:`_new_pair_fragments`); -1 past the ids a template code holds."""
-        key = layout.key[1:]
-        row = self._row_ids.get(key)
-        if row is None:
-            row = len(self._row_ids)
-            if row >= 1 << _ROW_BITS:
-                return -1
-            self._row_ids[key] = row
+        row = _interned(self._row_ids, layout.key[1:], _ROW_BITS)
+        if row == len(self._row_layout):  # a new row
             self._row_ps = _grown(self._row_ps, row + 1, False)
             self._row_replicas = _grown(self._row_replicas, row + 1, 0)
             self._row_ps[row], self._row_replicas[row] = layout.option == PS, len(layout.devices)
@@ -686,7 +681,7 @@ class StrategyEvaluator:
             units = static[1]  # P's units as bundle producers (-1: input ops): the ranks of their outputs
             ranks = self._unit_rank[self._unit_ptr[p] + units[units >= 0]]
             key = (p == c, ranks.tobytes(), static[-1], *(a.tobytes() for a in static[1:8]))
-            found = self._class_id(key)
+            found = _interned(self._class_ids, key, _CLASS_BITS)
             self._pair_class[k] = found
         if found < 0 or not self._row_ps[row_c]:
             return found
@@ -702,17 +697,9 @@ class StrategyEvaluator:
                 np.cumsum([len(qs) for b in bundles for qs in b.uses], out=ptr[1:])
                 uses = self._pair_uses[k] = (consumer + self.tables.use_sync_index[flat],
                                              self.tables.use_bytes[flat].tobytes() + ptr.tobytes())
-            ps = self._ps_class[(k, r)] = self._class_id((found, (uses[0] % r).tobytes(), uses[1]))
+            ps = self._ps_class[(k, r)] = _interned(self._class_ids, (found, (uses[0] % r).tobytes(), uses[1]),
+                                                    _CLASS_BITS)
         return ps
-
-    def _class_id(self, key: tuple) -> int:
-        found = self._class_ids.get(key)
-        if found is None:
-            found = len(self._class_ids)
-            if found >= 1 << _CLASS_BITS:
-                return -1
-            self._class_ids[key] = found
-        return found
 
     def _compiler(self) -> _Compiler:
         return _Compiler(self.tables, self.context, None, None, dense_links=True)
@@ -1112,6 +1099,17 @@ class StrategyEvaluator:
         return feedback_from_columns(self.cluster, self.group_graph.num_groups, columns.group, columns.kind,
                                      columns.duration, columns.res_ptr, columns.res, resource_kind, resource_a,
                                      resource_b, succ_ptr, succ, succ_lag, start, finish, peak, by_predecessor=True)
+
+
+def _interned(ids: dict, key: Any, bits: int) -> int:
+    """The id of ``key`` in ``ids`` (the next one, stored, if it is new); -1 if new past ``bits`` bits."""
+    found = ids.get(key)
+    if found is None:
+        found = len(ids)
+        if found >= 1 << bits:
+            return -1
+        ids[key] = found
+    return found
 
 
 def _grown(array: np.ndarray, size: int, fill) -> np.ndarray:
