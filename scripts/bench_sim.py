@@ -108,8 +108,6 @@ def mcts_trace(group_graph, cluster_name: str, count: int, *, seed: int = 0,
     return env.simulated[:count]  # a batch of leaves can overshoot the budget by a few
 
 
-
-
 def measure(evaluator: StrategyEvaluator, strategies: list[Strategy], *, feedback: bool) -> tuple[float, float]:
     """Evaluations per second over ``strategies``: per wall-clock second, and per second of this process's CPU
     time (what one core would do; the steadier figure on a loaded machine)."""

@@ -619,9 +619,8 @@ class StrategyEvaluator:
         if templated.size:
             ks, row_p, row_c = pairs[templated], row_p[templated], row_c[templated]
             classes = self._pair_class[ks]
-            for i in np.flatnonzero(classes < 0).tolist():  # each pair's first replicated layouts
-                classes[i] = self._pair_class_of(int(ks[i]), int(row_p[i]), int(row_c[i]))
-            for i in np.flatnonzero(self._row_ps[row_c]).tolist():  # a PS consumer: servers by P's replicas
+            # a pair's first replicated layouts, and every PS consumer (servers by P's replicas)
+            for i in np.flatnonzero((classes < 0) | self._row_ps[row_c]).tolist():
                 classes[i] = self._pair_class_of(int(ks[i]), int(row_p[i]), int(row_c[i]))
             if (classes < 0).any():  # past the class ids a code holds: built
                 build = np.sort(np.concatenate([build, templated[classes < 0]]))
