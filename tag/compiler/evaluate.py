@@ -59,6 +59,7 @@ Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not 
 
 from __future__ import annotations
 
+from itertools import chain
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -75,7 +76,7 @@ from tag.strategy import BATCH_SPLITS, PS, Strategy, device_group_sizes
 from tag.compiler.compile import (ADAM_COPIES, _Compiler, collective_resources, ps_seconds,
                                   ring_allreduce_seconds)
 from tag.compiler.errors import CompileError
-from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout
+from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout, unit_durations
 from tag.compiler.tables import GRANULARITIES, Bundle, CompilerTables, compiler_tables
 
 __all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
@@ -358,6 +359,51 @@ class _Skeletons(_Columns):
             self.ids[id(skeleton)] = (skeleton, first + k)
 
 
+class _PairBundles(NamedTuple):
+    """The bundles of a pair of groups between two layouts, as :meth:`StrategyEvaluator._bundle_arrays` gives
+    them. B bundles; a unit's index is its position among its group's units, or its piece's for a
+    model-parallel group."""
+
+    bundles: list  # [B] the tables' Bundle objects
+    unit: np.ndarray  # [B] producer unit's index in P's block, -1: input ops
+    category: np.ndarray  # [B+1] first category of each bundle (CSR into nbytes and count)
+    consumer_ptr: np.ndarray  # [B+1] CSR into consumer
+    consumer: np.ndarray  # consumer units' indices in C's block
+    nbytes: np.ndarray  # [categories] bytes of each category
+    count: np.ndarray  # [categories] tensors of each category
+    kind_of: np.ndarray  # [B] kind of each bundle (bundles of a kind share a skeleton)
+    representatives: list  # one bundle of each kind
+    kind_set: int  # id of the kinds of the bundles, in order
+    first: int  # row of the first bundle in the evaluator's bundle store (_BundleStore)
+
+
+class _BundleStore(_Columns):
+    """Pairs' bundles (:class:`_PairBundles`) as :func:`_pair_fragments` reads them, each set stored once:
+    per bundle its producer unit, kind, first category and consumer range (rows of this store)."""
+
+    def __init__(self) -> None:
+        super().__init__({"unit": (np.int64, "bundle"), "kind": (np.int64, "bundle"),
+                          "category": (np.int64, "bundle"), "consumer_first": (np.int64, "bundle"),
+                          "consumer_end": (np.int64, "bundle"), "nbytes": (np.float64, "category"),
+                          "count": (np.int64, "category"), "consumer": (np.int64, "consumer")})
+
+    def add(self, unit: np.ndarray, category: np.ndarray, consumer_ptr: np.ndarray, consumer: np.ndarray,
+            nbytes: np.ndarray, count: np.ndarray, kind_of: np.ndarray) -> int:
+        """Store one pair's bundles (arrays as :class:`_PairBundles`'); returns its first bundle's row."""
+        size = self.size
+        first_category, first_consumer = size["category"], size["consumer"]
+        return self.extend({"unit": unit, "kind": kind_of, "category": first_category + category[:-1],
+                            "consumer_first": first_consumer + consumer_ptr[:-1],
+                            "consumer_end": first_consumer + consumer_ptr[1:], "nbytes": nbytes, "count": count,
+                            "consumer": consumer},
+                           {"bundle": unit.size, "category": nbytes.size, "consumer": consumer.size})["bundle"]
+
+    def arrays(self) -> tuple:
+        """The 8 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
+        return tuple(self.view(name) for name in ("unit", "kind", "category", "consumer_first", "consumer_end",
+                                                  "nbytes", "count", "consumer"))
+
+
 class _Assembled(NamedTuple):
     """Global columns of one strategy's TaskGraph (T tasks, N tensors, K tensor reads, E dependencies); ids
     and counts are int32, which keeps the kernels' working set in cache."""
@@ -394,9 +440,6 @@ class _GroupBlock(NamedTuple):
     start_lag: np.ndarray | None  # [tasks] where each chunk task starts inside its merged task (seconds)
     end_lag: np.ndarray | None  # [tasks] where it ends
     replicas: int  # R: tasks per unit (1 for a model-parallel group, whose units are its pieces)
-    task_device: np.ndarray  # [tasks] device of each compute task
-    index: np.ndarray  # [D] replica of each device, -1 (all -1 for a model-parallel group)
-    tensor_first: np.ndarray  # [units or pieces of the group] first output tensor of each, -1 if none
 
 
 class StrategyEvaluator:
@@ -454,7 +497,6 @@ class StrategyEvaluator:
         unit_part = self.tables.unit_part
         self._merging = unit_part is not None  # chunks merged into one task per part and replica: lags
         self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * d
-        self._pair_static: dict[tuple[int, int], tuple] = {}
         # per group, for _replica_fragments: its units (CSR), the pairs of its units that read each other's
         # outputs (CSR of src -> dst unit indices, _local_pairs' order), its persistent bytes on each replica
         self._unit_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
@@ -494,6 +536,23 @@ class StrategyEvaluator:
         self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
         self._skeletons = _Skeletons(self.cluster.num_devices)
         self._skeleton_lists: dict[tuple, list] = {}  # (kind set, P's row, C's row) -> _pair_skeletons' list
+        # each skeleton list's rows in the skeleton store, one list after another (a list keeps its first)
+        self._list_rows = _Columns({"row": (np.int64, "row")})
+        self._pair_static: dict[tuple[int, int], _PairBundles] = {}  # replicated pairs' bundles, stored in:
+        self._bundles = _BundleStore()
+        # per fragment id, its compute block as pair fragments read it (rows of pair fragments unused): its
+        # replicas R, whether it is model-parallel, its group, the tasks and tensors it numbers, its first
+        # device and unit in the block store (devices: a replicated block's R replicas, a model-parallel one's
+        # pieces; units: each unit's or piece's first output tensor, -1), and [D] index (replica of each device)
+        self._block_replicas = np.zeros(1024, dtype=np.int64)
+        self._block_mp = np.zeros(1024, dtype=np.bool_)
+        self._block_group = np.zeros(1024, dtype=np.int64)
+        self._block_tasks = np.zeros(1024, dtype=np.int64)
+        self._block_tensors = np.zeros(1024, dtype=np.int64)
+        self._block_device0 = np.zeros(1024, dtype=np.int64)
+        self._block_unit0 = np.zeros(1024, dtype=np.int64)
+        self._block_index = np.zeros((1024, self.cluster.num_devices), dtype=np.int64)
+        self._block_store = _Columns({"device": (np.int64, "device"), "tensor_first": (np.int64, "unit")})
         self._last_ids: tuple[np.ndarray | None, np.ndarray | None] = (None, None)  # ([G] group, [P] pair fragments)
         self._last_groups: tuple | None = None  # ([G] row codes, [G] options, batch split, [G] group fragments)
 
@@ -643,10 +702,10 @@ class StrategyEvaluator:
         new = list({id(found): found for _, found in prepared if found[1] is None}.values())
         if new:  # stored in one go
             rows = self._skeletons.ids_of([skeleton for skeletons, _, _ in new for skeleton in skeletons])
-            end = 0
+            start = self._list_rows.extend({"row": rows}, {"row": rows.size})["row"]
             for found in new:
-                start, end = end, end + len(found[0])
-                found[1] = rows[start:end]
+                found[1] = start
+                start += len(found[0])
         out[build] = self._compile_pairs(keys, prepared)
         if leaders is not None:
             out[missed] = out[leaders][inverse]
@@ -677,9 +736,11 @@ class StrategyEvaluator:
         if found < 0:
             p, c = self._pairs[k]
             static = self._static_bundles((p, c), self._row_layout[row_p], self._row_layout[row_c])
-            units = static[1]  # P's units as bundle producers (-1: input ops): the ranks of their outputs
+            units = static.unit  # P's units as bundle producers (-1: input ops): the ranks of their outputs
             ranks = self._unit_rank[self._unit_ptr[p] + units[units >= 0]]
-            key = (p == c, ranks.tobytes(), static[-1], *(a.tobytes() for a in static[1:8]))
+            key = (p == c, ranks.tobytes(), static.kind_set,
+                   *(a.tobytes() for a in (static.unit, static.category, static.consumer_ptr, static.consumer,
+                                           static.nbytes, static.count, static.kind_of)))
             found = _interned(self._class_ids, key, _CLASS_BITS)
             self._pair_class[k] = found
         if found < 0 or not self._row_ps[row_c]:
@@ -689,7 +750,7 @@ class StrategyEvaluator:
         if ps is None:
             uses = self._pair_uses.get(k)
             if uses is None:  # [uses] server offset, then the bytes and first use of each category as bytes
-                bundles = self._pair_static[self._pairs[k]][0]
+                bundles = self.tables.bundles.get(self._pairs[k], [])
                 flat = [q for b in bundles for qs in b.uses for q in qs]
                 consumer = np.array([b.consumer_group for b in bundles for qs in b.uses for _ in qs], dtype=np.int64)
                 ptr = np.zeros(sum(len(b.uses) for b in bundles) + 1, dtype=np.int64)
@@ -714,12 +775,40 @@ class StrategyEvaluator:
         fragment = self._arena.add(merged, (0, 0, 0, 0), num_merged)
         first_piece = self.tables.piece_unit(layout.group, 0)
         pieces = range(first_piece, first_piece + len(layout.pieces))
-        self._block_of.append(_GroupBlock(
-            layout, block[2], block[3], num_merged, new_id, start_lag, end_lag, 1,
-            np.array([piece.device for piece in layout.pieces], dtype=np.int64),
-            np.full(self.cluster.num_devices, -1, dtype=np.int64),
-            np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64)))
+        piece_device = np.array([piece.device for piece in layout.pieces], dtype=np.int64)
+        tensor_first = np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64)
+        self._add_blocks(fragment, True, np.array([layout.group]), np.ones(1, dtype=np.int64), np.array([block[2]]),
+                         np.array([block[3]]), piece_device, np.array([piece_device.size]), tensor_first,
+                         np.array([tensor_first.size]), np.full((1, self.cluster.num_devices), -1, dtype=np.int64))
+        self._block_of.append(_GroupBlock(layout, block[2], block[3], num_merged, new_id, start_lag, end_lag, 1))
         return fragment
+
+    def _add_blocks(self, first: int, model_parallel: bool, groups: np.ndarray, replicas: np.ndarray,
+                    tasks: np.ndarray, tensors: np.ndarray, devices: np.ndarray, device_counts: np.ndarray,
+                    tensor_first: np.ndarray, unit_counts: np.ndarray, index: np.ndarray) -> None:
+        """Record the compute blocks of the group fragments ``first``, ``first + 1``, ... (F of them, all
+        model-parallel or all replicated) as :func:`_pair_fragments` reads them: groups, replicas, tasks and
+        tensors [F], each one's devices (replicas or pieces: ``device_counts`` [F] of them, one after another)
+        and its units' first output tensors (``unit_counts``), and index [F, D] (replica of each device, -1)."""
+        f = len(groups)
+        end = first + f
+        for name in ("_block_replicas", "_block_mp", "_block_group", "_block_tasks", "_block_tensors",
+                     "_block_device0", "_block_unit0"):
+            setattr(self, name, _grown(getattr(self, name), end, 0))
+        if end > self._block_index.shape[0]:
+            grown = np.zeros((max(2 * self._block_index.shape[0], end), self._block_index.shape[1]), dtype=np.int64)
+            grown[:self._block_index.shape[0]] = self._block_index
+            self._block_index = grown
+        stored = self._block_store.extend({"device": devices, "tensor_first": tensor_first},
+                                          {"device": devices.size, "unit": tensor_first.size})
+        self._block_replicas[first:end] = replicas
+        self._block_mp[first:end] = model_parallel
+        self._block_group[first:end] = groups
+        self._block_tasks[first:end] = tasks
+        self._block_tensors[first:end] = tensors
+        self._block_device0[first:end] = stored["device"] + np.cumsum(device_counts) - device_counts
+        self._block_unit0[first:end] = stored["unit"] + np.cumsum(unit_counts) - unit_counts
+        self._block_index[first:end] = index
 
     def _compile_replicated(self, layouts: list[GroupLayout]) -> list[int]:
         """The group fragments of F replicated layouts, returning their ids. One call of
@@ -731,8 +820,8 @@ class StrategyEvaluator:
         devices = [layout.devices for layout in layouts]
         device_ptr = np.zeros(len(layouts) + 1, dtype=np.int64)
         np.cumsum([len(d) for d in devices], out=device_ptr[1:])
-        device_list = np.fromiter((d for ds in devices for d in ds), dtype=np.int64, count=device_ptr[-1])
-        fractions = np.fromiter((x for layout in layouts for x in layout.fraction), dtype=np.float64,
+        device_list = np.fromiter(chain.from_iterable(devices), dtype=np.int64, count=device_ptr[-1])
+        fractions = np.fromiter(chain.from_iterable(layout.fraction for layout in layouts), dtype=np.float64,
                                 count=device_ptr[-1])
         (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
          read_task, tensor_first, index, counts) = _replica_fragments(
@@ -741,22 +830,24 @@ class StrategyEvaluator:
             self._persistent, self.cluster.num_devices, self._merging)
         ends = np.cumsum(counts[:, :5], axis=0)
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
-        unit_end = np.cumsum(units)
+        replicas = np.diff(device_ptr)
+        self._add_blocks(len(self._block_of), False, groups, replicas, counts[:, 0], counts[:, 5], device_list,
+                         replicas, tensor_first, units, index)
         fragments = []
         if self._merging:
-            rows = {"duration": np.concatenate([layout.durations.reshape(-1) for layout in layouts]),
+            rows = {"duration": np.concatenate([unit_durations(self.tables, self.context, layout).reshape(-1)
+                                                for layout in layouts]),
                     "kind": TASK_COMPUTE, "group": np.repeat(groups, counts[:, 0]), "nres": 1, "res": res,
                     "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
                     "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
                     "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
         else:  # compact: _assemble computes the rows from the layouts' devices and fractions
-            first = self._arena.add_compact(groups, np.diff(device_ptr), device_list, fractions, counts[:, :5])
+            first = self._arena.add_compact(groups, replicas, device_list, fractions, counts[:, :5])
             fragments = list(range(first, first + len(layouts)))
             self._fragment_row = _grown(self._fragment_row, first + len(layouts), -1)
             self._fragment_row[first:first + len(layouts)] = [self._row_of(layout) for layout in layouts]
         for f, layout in enumerate(layouts):
             tasks, tensors = int(counts[f, 0]), int(counts[f, 5])
-            task_device = res[ends[f, 0] - tasks:ends[f, 0]]
             new_id = start_lag = end_lag = None
             merged = tasks
             if self._merging:  # each fragment's chunks merged on its own
@@ -767,8 +858,7 @@ class StrategyEvaluator:
                 merged = len(one["duration"])
                 fragments.append(self._arena.add(one, (0, 0, 0, 0), merged))
             self._block_of.append(_GroupBlock(layout, tasks, tensors, merged, new_id, start_lag, end_lag,
-                                              len(layout.devices), task_device, index[f],
-                                              tensor_first[unit_end[f] - units[f]:unit_end[f]]))
+                                              len(layout.devices)))
         return fragments
 
     def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, Any, Any, Any]:
@@ -852,68 +942,31 @@ class StrategyEvaluator:
     def _compile_pairs(self, keys: list[tuple[int, int]], prepared: list[tuple]) -> list[int]:
         """The pair fragments of M pairs of group fragments ``keys`` (P's, C's), from their
         :meth:`_pair_skeletons` (skeletons stored), built by one call of :func:`_pair_fragments` and queued in
-        the arena; returns their ids."""
-        blocks = []
-        bundle_ptr, units, categories, category_base, consumer_ptrs, consumer_base, consumers, kinds, kind_base = (
-            [0], [], [], [], [], [], [], [], [])
-        category_bytes, category_count = [], []
-        p_replicas, p_index, p_devices, p_tensors, c_replicas, c_devices, c_shift = [], [], [], [], [], [], []
+        the arena; returns their ids. The kernel reads the blocks, bundles and skeleton lists from the
+        evaluator's stores; only the collectives are gathered per pair."""
+        fragment_p = np.array([p for p, _ in keys], dtype=np.int64)  # [M]
+        fragment_c = np.array([c for _, c in keys], dtype=np.int64)
+        first_bundle = np.array([static.first for static, _ in prepared], dtype=np.int64)  # [M]
+        bundle_end = first_bundle + np.array([static.unit.size for static, _ in prepared], dtype=np.int64)
+        list_first = np.array([found[1] for _, found in prepared], dtype=np.int64)  # [M] into the list rows
         collective_ptr, collective_bundle, holder_ptr, holders, collective_seconds, held_ptr, held = (
             [0], [], [0], [], [], [0], [])
-        end = categories_so_far = consumers_so_far = 0
-        skeleton_rows = []
-        for (fragment_p, fragment_c), (static, (skeletons, rows_of, collectives)) in zip(keys, prepared):
-            block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
-            same = block_p.layout.group == block_c.layout.group
-            blocks.append((block_p.tasks, 0 if same else block_c.tasks, block_p.tensors,
-                           0 if same else block_c.tensors))
-            bundles, unit, category, consumer_ptr, consumer, nbytes, count, kind_of, _, _ = static
-            kind_base.append(end)
-            end += len(skeletons)
-            kinds.append(kind_of)
-            skeleton_rows.append(rows_of)
-            category_base.append(categories_so_far)
-            consumer_base.append(consumers_so_far)
-            categories_so_far += len(nbytes)
-            consumers_so_far += len(consumer)
-            units.append(unit)
-            categories.append(category)
-            consumer_ptrs.append(consumer_ptr)
-            consumers.append(consumer)
-            category_bytes.append(nbytes)
-            category_count.append(count)
-            p_replicas.append(block_p.replicas)
-            p_index.append(block_p.index)
-            p_devices.append(block_p.task_device)
-            p_tensors.append(block_p.tensor_first)
-            c_replicas.append(block_c.replicas)
-            c_devices.append(block_c.task_device)
-            c_shift.append(0 if same else block_p.tasks)
+        for static, (_, _, collectives) in prepared:
             if collectives is not None:
-                self._collectives(bundle_ptr[-1], bundles, kind_of, collectives, collective_bundle, holder_ptr,
-                                  holders, collective_seconds, held_ptr, held)
-            bundle_ptr.append(bundle_ptr[-1] + len(unit))
+                self._collectives(static.first, static.bundles, static.kind_of, collectives, collective_bundle,
+                                  holder_ptr, holders, collective_seconds, held_ptr, held)
             collective_ptr.append(len(collective_bundle))
-        blocks = np.array(blocks, dtype=np.int64)  # [M, 4]
+        same = self._block_group[fragment_p] == self._block_group[fragment_c]  # a group's pair with itself
+        tasks_p, tensors_p = self._block_tasks[fragment_p], self._block_tensors[fragment_p]
+        blocks = np.column_stack([tasks_p, np.where(same, 0, self._block_tasks[fragment_c]), tensors_p,
+                                  np.where(same, 0, self._block_tensors[fragment_c])])  # [M, 4]
         first_task, first_tensor = blocks[:, 0] + blocks[:, 1], blocks[:, 2] + blocks[:, 3]
-
-        def cat(parts: list, dtype=np.int64) -> np.ndarray:
-            return np.concatenate(parts, dtype=dtype, casting="unsafe") if parts else np.zeros(0, dtype=dtype)
-
-        def ptr(parts: list) -> np.ndarray:
-            out = np.zeros(len(parts) + 1, dtype=np.int64)
-            np.cumsum([len(part) for part in parts], out=out[1:])
-            return out
-
         (duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
          read_task, counts) = _pair_fragments(
-            np.array(bundle_ptr, dtype=np.int64), cat(units), cat(categories), np.array(category_base, dtype=np.int64),
-            cat(consumer_ptrs), np.array(consumer_base, dtype=np.int64), cat(consumers), cat(kinds),
-            np.array(kind_base, dtype=np.int64), cat(skeleton_rows),
-            cat(category_bytes, np.float64), cat(category_count), *self._skeletons.arrays(),
-            self.cluster.num_devices, np.array(p_replicas, dtype=np.int64), np.stack(p_index), ptr(p_devices),
-            cat(p_devices), ptr(p_tensors), cat(p_tensors), np.array(c_replicas, dtype=np.int64), ptr(c_devices),
-            cat(c_devices), np.array(c_shift, dtype=np.int64), first_task, first_tensor,
+            first_bundle, bundle_end, list_first, *self._bundles.arrays(), self._list_rows.view("row"),
+            *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, self._block_replicas,
+            self._block_mp, self._block_index, self._block_device0, self._block_unit0,
+            self._block_store.view("device"), self._block_store.view("tensor_first"), np.where(same, 0, tasks_p), first_task, first_tensor,
             np.array(collective_ptr, dtype=np.int64), np.array(collective_bundle, dtype=np.int64),
             np.array(holder_ptr, dtype=np.int64), np.array(holders, dtype=np.int64),
             np.array(collective_seconds, dtype=np.float64), np.array(held_ptr, dtype=np.int64),
@@ -928,18 +981,17 @@ class StrategyEvaluator:
         # merged chunks: each fragment moves onto its blocks' merged tasks on its own
         ends = np.cumsum(counts[:, :5], axis=0)
         fragments = []
-        for m, (fragment_p, fragment_c) in enumerate(keys):
+        for m, (p, c) in enumerate(keys):
             one = _fragment_rows(rows, _PAIR_COLUMNS, counts, ends, m)
-            block_p, block_c = self._block_of[fragment_p], self._block_of[fragment_c]
-            same = block_p.layout.group == block_c.layout.group
-            one, merged_blocks = self._localize_pair(one, block_p, block_c, same)
+            one, merged_blocks = self._localize_pair(one, self._block_of[p], self._block_of[c], bool(same[m]))
             fragments.append(self._arena.add(one, merged_blocks, int(counts[m, 5])))
         return fragments
 
     def _collectives(self, first_bundle: int, bundles: list, kind_of: np.ndarray, plans: list, which: list,
                      holder_ptr: list, holders: list, seconds: list, held_ptr: list, held: list) -> None:
         """Append one pair's collectives, as ``_Compiler`` emits them (bundle by bundle, category by category;
-        no fusion), for :func:`_pair_fragments`: bundle (numbered from ``first_bundle``), devices, seconds
+        no fusion), for :func:`_pair_fragments`: bundle (its row in the bundle store, the pair's first being
+        ``first_bundle``), devices, seconds
         (as :func:`~tag.compiler.compile.collective_duration`) and resources, from the collective plan of each
         bundle's kind (:meth:`_collective_plans`)."""
         sync_index, use_bytes = self._use_sync_index, self._use_bytes
@@ -988,16 +1040,16 @@ class StrategyEvaluator:
         the same kinds of bundles (repeated layers) between layouts of the same rows share the list."""
         layout_p, layout_c = self._block_of[fragment_p].layout, self._block_of[fragment_c].layout
         static = self._static_bundles((layout_p.group, layout_c.group), layout_p, layout_c)
-        key = (static[-1], layout_p.key[1:], layout_c.key[1:])
+        key = (static.kind_set, layout_p.key[1:], layout_c.key[1:])
         found = self._skeleton_lists.get(key)
         if found is None:
             compiler = self._skeleton_compiler
             compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
-            skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in static[-2]]
+            skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in static.representatives]
             found = self._skeleton_lists[key] = [skeletons, None, self._collective_plans(skeletons)]
         return static, found
 
-    def _static_bundles(self, pair: tuple[int, int], layout_p: GroupLayout, layout_c: GroupLayout) -> tuple:
+    def _static_bundles(self, pair: tuple[int, int], layout_p: GroupLayout, layout_c: GroupLayout) -> _PairBundles:
         """:meth:`_bundle_arrays` of the bundles of ``pair`` of groups between two layouts: cached per pair
         where both are replicated (the bundles then follow from the groups alone), made by the skeleton
         compiler by pieces where a side is model-parallel."""
@@ -1015,11 +1067,9 @@ class StrategyEvaluator:
                                                                        layout_c)
         return static
 
-    def _bundle_arrays(self, bundles: list, layout_p: GroupLayout, layout_c: GroupLayout) -> tuple:
-        """Bundles of a pair of groups as arrays for :func:`_pair_fragments`: (bundles, producer unit's index
-        in P's block [B] (-1: input ops), first category [B+1], consumer units' indices in C's block (CSR),
-        bytes and counts of the categories, kind of each bundle [B], one bundle of each kind). A unit's index
-        is its position among its group's units, or its piece's for a model-parallel group. Bundles of one kind
+    def _bundle_arrays(self, bundles: list, layout_p: GroupLayout, layout_c: GroupLayout) -> _PairBundles:
+        """Bundles of a pair of groups as arrays (:class:`_PairBundles`), stored in the bundle store for
+        :func:`_pair_fragments`. Bundles of one kind
         share a skeleton (``_Compiler._skeleton``): same categories and producer device, and into a
         model-parallel consumer, the same consumer units."""
         position = self._unit_position
@@ -1051,8 +1101,9 @@ class StrategyEvaluator:
                 representatives.append(b)
             kind_of[i] = kind
         kind_set = self._kind_sets.setdefault(tuple(kinds), len(self._kind_sets))
-        return (bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
-                representatives, kind_set)
+        first = self._bundles.add(unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of)
+        return _PairBundles(bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
+                            representatives, kind_set, first)
 
     @staticmethod
     def _compiler_rows(compiler: _Compiler) -> dict:
@@ -1401,8 +1452,8 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
     tensor_persistent, read_tensor, read_task, tensor_first (each unit's first output tensor, -1; units of
     layout f after the earlier layouts'), index [F, D] (replica of each device, -1), counts [F, 6]: tasks,
     resources, dependencies, tensors, reads and output tensors of each fragment). Without ``rows`` (compact
-    fragments: :func:`_assemble` writes them) the dependency, tensor and read columns are empty and only the
-    counts are taken."""
+    fragments: :func:`_assemble` writes them) the resource, dependency, tensor and read columns are empty and
+    only the counts are taken."""
     f_count = groups.size
     counts = np.zeros((f_count, 6), dtype=np.int64)
     units_total = 0
@@ -1423,7 +1474,7 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
         counts[f, 5] = outputs * r
         units_total += units
     totals = counts.sum(axis=0) if rows else np.zeros(6, dtype=np.int64)
-    res = np.empty(counts[:, 0].sum(), dtype=np.int64)
+    res = np.empty(totals[0], dtype=np.int64)
     dep_task = np.empty(totals[2], dtype=np.int64)
     dep_on = np.empty(totals[2], dtype=np.int64)
     tensor_device = np.empty(totals[3], dtype=np.int64)
@@ -1445,8 +1496,9 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
         for k in range(r):
             index[f, devices[first + k]] = k
         for u in range(units):
-            for k in range(r):
-                res[t + u * r + k] = devices[first + k]
+            if rows:
+                for k in range(r):
+                    res[t + u * r + k] = devices[first + k]
             rank = unit_rank[unit_ptr[g] + u]
             tensor_first[w + u] = rank * r if rank >= 0 else -1
         if rows:
@@ -1461,13 +1513,12 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
 
 
 @_jit
-def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base, bundle_consumer_ptr,
-                    consumer_base, bundle_consumer, bundle_kind, kind_base, skeleton_rows, category_bytes,
-                    category_count,
+def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_kind, bundle_category,
+                    consumer_first, consumer_end, category_bytes, category_count, bundle_consumer, list_rows,
                     sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts,
                     tr_first_counted, tr_counted, part_category, part_fraction, counted_category, sk_local,
-                    num_devices, p_replicas, p_index, p_task_ptr, p_task_device, p_tensor_ptr, p_tensor, c_replicas,
-                    c_task_ptr, c_task_device, c_shift, first_task, first_tensor, pair_collective_ptr,
+                    num_devices, fragment_p, fragment_c, block_replicas, block_mp, block_index, block_device0,
+                    block_unit0, block_device, block_tensor_first, c_shift, first_task, first_tensor, pair_collective_ptr,
                     collective_bundle, holder_ptr, holders, collective_duration, collective_res_ptr, collective_res,
                     alpha, beta, nic_out, nic_in, link_base):
     """The own tasks of M pair fragments, with their dependencies, tensors and reads, one fragment after
@@ -1475,40 +1526,42 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
     (``_Compiler._emit_collectives``, in its order), numbered as the compiler numbers one pair (P's block
     from 0, C's from ``c_shift[m]``, own tasks from ``first_task[m]``, own tensors from ``first_tensor[m]``).
 
-    Bundles: pair m's are ``pair_bundle_ptr[m]:pair_bundle_ptr[m + 1]``; their producer unit's index in P
-    (-1: input ops), kind (its skeleton's row in the store: ``skeleton_rows[kind_base[m] + kind]``), first
-    category (``bundle_category``, pair m's B + 1 entries from
-    ``pair_bundle_ptr[m] + m``, into category_bytes / category_count from ``category_base[m]``) and consumer
-    units' indices in C (``bundle_consumer_ptr`` likewise, into bundle_consumer from ``consumer_base[m]``).
-    Skeletons: see :class:`_Skeletons`. A block (P's, C's) has R tasks per unit (unit u's replica r is task
-    u * R + r) on the devices ``task_device`` (pair m's from ``p_task_ptr[m]``, ``c_task_ptr[m]``); a
-    model-parallel group's units are its pieces, R = 1. P: p_replicas [M], p_index [M, D] (replica of each
-    device, -1; read when R > 1), p_tensor (first output tensor of each unit, -1; from ``p_tensor_ptr[m]``).
-    Collectives: pair m's are ``pair_collective_ptr[m]:pair_collective_ptr[m + 1]``: bundle (absolute),
-    devices (``holders``, CSR), seconds, resources (CSR). Returns (duration, kind, nres, res, dep_task,
-    dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor, read_task, counts [M, 6]: tasks,
-    resources, dependencies, tensors, reads and transfers of each fragment).
+    Bundles (the rows of :class:`_BundleStore`): pair m's are ``first_bundle[m]:bundle_end[m]``; their
+    producer unit's index in P (-1: input ops), kind (its skeleton's row in the skeleton store:
+    ``list_rows[list_first[m] + kind]``), first category (into category_bytes / category_count) and consumer
+    units' indices in C (``bundle_consumer[consumer_first[b]:consumer_end[b]]``). Skeletons: see
+    :class:`_Skeletons`. Blocks, by group fragment id (P's is ``fragment_p[m]``, C's ``fragment_c[m]``): R
+    (``block_replicas``) tasks per unit (unit u's replica r is task u * R + r), a replicated block's on its
+    R devices (``block_device`` from ``block_device0``); a model-parallel group's (``block_mp``) units are
+    its pieces, R = 1, piece u on the u-th of its devices; ``block_index`` [F, D] (replica of each device,
+    -1; read when R > 1); the first output tensor of each unit (-1) in ``block_tensor_first`` from
+    ``block_unit0``. Collectives: pair m's are
+    ``pair_collective_ptr[m]:pair_collective_ptr[m + 1]``: bundle (a row of the bundle store), devices
+    (``holders``, CSR), seconds, resources (CSR). Returns (duration, kind, nres, res, dep_task, dep_on,
+    tensor_device, tensor_bytes, tensor_producer, read_tensor, read_task, counts [M, 6]: tasks, resources,
+    dependencies, tensors, reads and transfers of each fragment).
     """
-    m_pairs = p_replicas.size
+    m_pairs = fragment_p.size
     # sizes first (bounds for dependencies, reads and resources), so that every column is allocated once
     tasks = 0
     transfers = 0
     deps = 0
     resources = 0
     for m in range(m_pairs):
-        for b in range(pair_bundle_ptr[m], pair_bundle_ptr[m + 1]):
-            sk = skeleton_rows[kind_base[m] + bundle_kind[b]]
+        r_c = block_replicas[fragment_c[m]]
+        for b in range(first_bundle[m], bundle_end[m]):
+            sk = list_rows[list_first[m] + bundle_kind[b]]
             n = sk_transfers[sk]
             transfers += n
-            consumers = bundle_consumer_ptr[b + m + 1] - bundle_consumer_ptr[b + m]
+            consumers = consumer_end[b] - consumer_first[b]
             # each transfer waits for its source, and an AddN forward for stage-1 transfers; each consumer
             # replica waits for its local copy and for the transfers into its device
-            deps += n * (1 + n) + consumers * (c_replicas[m] + n)
+            deps += n * (1 + n) + consumers * (r_c + n)
             resources += 3 * n
         for j in range(pair_collective_ptr[m], pair_collective_ptr[m + 1]):
             b = collective_bundle[j]
-            consumers = bundle_consumer_ptr[b + m + 1] - bundle_consumer_ptr[b + m]
-            deps += holder_ptr[j + 1] - holder_ptr[j] + consumers * c_replicas[m]
+            consumers = consumer_end[b] - consumer_first[b]
+            deps += holder_ptr[j + 1] - holder_ptr[j] + consumers * r_c
             resources += collective_res_ptr[j + 1] - collective_res_ptr[j]
     tasks = transfers + pair_collective_ptr[m_pairs]
     duration = np.empty(tasks)
@@ -1530,22 +1583,23 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
     q = 0  # reads
     for m in range(m_pairs):
         t_pair, h_pair, e_pair, q_pair = t, h, e, q
-        r_c = c_replicas[m]
-        p_r = p_replicas[m]
-        index = p_index[m]
-        p_devices = p_task_device[p_task_ptr[m]:p_task_ptr[m + 1]]
-        c_devices = c_task_device[c_task_ptr[m]:c_task_ptr[m + 1]]
-        p_first_tensor = p_tensor[p_tensor_ptr[m]:p_tensor_ptr[m + 1]]
+        fp, fc = fragment_p[m], fragment_c[m]
+        r_c = block_replicas[fc]
+        p_r = block_replicas[fp]
+        index = block_index[fp]
+        p_mp, c_mp = block_mp[fp], block_mp[fc]
+        p_devices = block_device[block_device0[fp]:]
+        c_devices = block_device[block_device0[fc]:]
+        p_first_tensor = block_tensor_first[block_unit0[fp]:]
         own_task, own_tensor = first_task[m] - t_pair, first_tensor[m] - t_pair  # + t: task t's id, tensor's
-        c_base = consumer_base[m]
-        for b in range(pair_bundle_ptr[m], pair_bundle_ptr[m + 1]):
-            sk = skeleton_rows[kind_base[m] + bundle_kind[b]]
+        for b in range(first_bundle[m], bundle_end[m]):
+            sk = list_rows[list_first[m] + bundle_kind[b]]
             first = sk_first_transfer[sk]
             n = sk_transfers[sk]
             unit = bundle_unit[b]
             p_base = unit * p_r if unit >= 0 else -1
             p_first = p_first_tensor[unit] if unit >= 0 else -1
-            c0 = category_base[m] + bundle_category[b + m]
+            c0 = bundle_category[b]
             t0 = t
             for i in range(first, first + n):
                 src, dst = tr_src[i], tr_dst[i]
@@ -1570,7 +1624,7 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
                 res[h] = link_base + src * num_devices + dst
                 h += 1
                 task = own_task + t
-                replica = _replica(unit, src, p_r, index, p_devices)
+                replica = _replica(unit, src, p_r, index, p_devices, p_mp)
                 if replica >= 0:  # it sends the producer's copy on its source
                     dep_task[e] = task
                     dep_on[e] = p_base + replica
@@ -1593,12 +1647,12 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
                 tensor_producer[n_tensors] = task
                 n_tensors += 1
                 t += 1
-            for c in range(c_base + bundle_consumer_ptr[b + m], c_base + bundle_consumer_ptr[b + m + 1]):
+            for c in range(consumer_first[b], consumer_end[b]):
                 c_first = bundle_consumer[c] * r_c
                 for r in range(r_c):
-                    device = c_devices[c_first + r]
+                    device = c_devices[bundle_consumer[c]] if c_mp else c_devices[r]
                     task = c_shift[m] + c_first + r
-                    replica = _replica(unit, device, p_r, index, p_devices)
+                    replica = _replica(unit, device, p_r, index, p_devices, p_mp)
                     if sk_local[sk * num_devices + device] and replica >= 0 and p_base + replica != task:
                         dep_task[e] = task
                         dep_on[e] = p_base + replica
@@ -1631,7 +1685,7 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
             if unit >= 0:
                 p_first = p_first_tensor[unit]
                 for k in range(holder_ptr[j], holder_ptr[j + 1]):
-                    replica = _replica(unit, holders[k], p_r, index, p_devices)
+                    replica = _replica(unit, holders[k], p_r, index, p_devices, p_mp)
                     dep_task[e] = task
                     dep_on[e] = unit * p_r + replica
                     e += 1
@@ -1639,7 +1693,7 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
                         read_tensor[q] = p_first + replica
                         read_task[q] = task
                         q += 1
-            for c in range(c_base + bundle_consumer_ptr[b + m], c_base + bundle_consumer_ptr[b + m + 1]):
+            for c in range(consumer_first[b], consumer_end[b]):
                 c_first = c_shift[m] + bundle_consumer[c] * r_c
                 for r in range(r_c):
                     dep_task[e] = c_first + r
@@ -1656,13 +1710,15 @@ def _pair_fragments(pair_bundle_ptr, bundle_unit, bundle_category, category_base
 
 
 @_jit
-def _replica(unit, device, replicas, index, task_device):
-    """The replica of producer unit ``unit`` (-1: input ops, none) on ``device``, -1 if it has none there."""
+def _replica(unit, device, replicas, index, devices, model_parallel):
+    """The replica of producer unit ``unit`` (-1: input ops, none) on ``device``, -1 if it has none there; the
+    producer's block has R = ``replicas`` replicas, ``index`` [D] (replica of each device), ``devices`` (its
+    replicas', or a model-parallel block's pieces')."""
     if unit < 0:
         return -1
     if replicas > 1:
         return index[device]
-    return 0 if task_device[unit] == device else -1
+    return 0 if (devices[unit] if model_parallel else devices[0]) == device else -1
 
 
 # ------------------------------------------------------------------------------------------------ entry points

@@ -28,7 +28,8 @@ from tag.grouping.metis import GroupSplitter
 from tag.strategy import MODEL_PARALLEL, SYNC_OPTIONS, Strategy
 from tag.compiler.tables import CompilerTables
 
-__all__ = ["GroupLayout", "Piece", "ClusterContext", "cluster_context", "compute_block", "group_layout"]
+__all__ = ["GroupLayout", "Piece", "ClusterContext", "cluster_context", "compute_block", "group_layout",
+           "unit_durations"]
 
 _MAX_CACHED_LAYOUTS = 100_000  # group layouts kept per (grouping, cluster) before the cache is emptied
 
@@ -54,7 +55,6 @@ class GroupLayout(NamedTuple):
     lo: tuple[float, ...]  # [R] batch interval [lo, hi) each replica holds, in order (lo, hi non-decreasing)
     hi: tuple[float, ...]  # [R]
     split: bool  # the batch is split among ≥ 2 replicas (all-reduce or PS)
-    durations: np.ndarray  # [units of the group, R] compute seconds (not model-parallel)
     pieces: tuple[Piece, ...] = ()  # model-parallel only
     op_device: dict | None = None  # model-parallel only: op id -> device
     op_piece: dict | None = None  # model-parallel only: op id -> index into pieces
@@ -200,7 +200,7 @@ def compute_block(tables: CompilerTables, context: ClusterContext, layout: Group
         labels = [label for unit in units.tolist() for label in [tables.unit_label[unit]] * r]
         fraction = np.asarray(layout.fraction)
         out = tables.unit_out_rows[units][:, None] * fraction[None, :] + tables.unit_out_fixed[units][:, None]
-        found = (layout.durations.reshape(-1).tolist(), list(layout.devices) * len(units), labels,
+        found = (unit_durations(tables, context, layout).reshape(-1).tolist(), list(layout.devices) * len(units), labels,
                  out.reshape(-1).tolist())
         context.blocks[layout.key] = found
     return found
@@ -215,23 +215,29 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, key: tuple) ->
         mask = np.frombuffer(row, dtype=bool)
         placed = context.placements[(row, split_option, batch_split)] = _placement(context, mask, split_option,
                                                                                    batch_split)
-    devices, fraction, device_types, base = placed
+    devices, base = placed
     if option == MODEL_PARALLEL and len(devices) > 1:
         pieces, op_device, op_piece = _model_parallel_pieces(tables, context, group, devices)
-        return GroupLayout(group=group, option=option, **base, durations=np.zeros((0, len(devices))), pieces=pieces,
-                           op_device=op_device, op_piece=op_piece, key=key)
-    per_group = context.unit_tables.get(group)
+        return GroupLayout(group=group, option=option, **base, pieces=pieces, op_device=op_device,
+                           op_piece=op_piece, key=key)
+    return GroupLayout(group=group, option=option, **base, key=key)
+
+
+def unit_durations(tables: CompilerTables, context: ClusterContext, layout: GroupLayout) -> np.ndarray:
+    """[units of the group, R] compute seconds of a replicated layout's units on its replicas (computed on
+    demand: the search's evaluator computes them in its assembly kernel instead)."""
+    per_group = context.unit_tables.get(layout.group)
     if per_group is None:
-        units = tables.group_units[group]
-        per_group = context.unit_tables[group] = (tables.unit_time_fixed[units], tables.unit_time_scaled[units])
+        units = tables.group_units[layout.group]
+        per_group = context.unit_tables[layout.group] = (tables.unit_time_fixed[units], tables.unit_time_scaled[units])
     time_fixed, time_scaled = per_group
-    durations = time_fixed[:, device_types] + time_scaled[:, device_types] * fraction
-    return GroupLayout(group=group, option=option, **base, durations=durations, key=key)
+    device_types = context.type_array[list(layout.devices)]
+    return time_fixed[:, device_types] + time_scaled[:, device_types] * np.asarray(layout.fraction)
 
 
 def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, batch_split: str) -> tuple:
-    """What a layout takes from its placement row, whatever its group: (devices, batch fraction [R], device
-    types [R], the layout's devices, fraction, lo, hi and split fields)."""
+    """What a layout takes from its placement row, whatever its group: (devices, the layout's devices,
+    fraction, lo, hi and split fields)."""
     devices = np.flatnonzero(mask[context.cluster.device_group])
     r = devices.size
     split = split_option and r >= 2
@@ -246,7 +252,7 @@ def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, ba
     device_tuple = tuple(devices.tolist())
     base = dict(devices=device_tuple, fraction=tuple(fraction.tolist()), lo=tuple(lo.tolist()),
                 hi=tuple(hi.tolist()), split=split)
-    return device_tuple, fraction, context.type_array[devices], base
+    return device_tuple, base
 
 
 def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]):
