@@ -147,41 +147,45 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
     """
     num_tasks = duration.size
     lagged = succ_lag.size > 0
-    waiting = indegree.copy()
+    waiting = indegree.astype(np.int32)  # int32 (counts < 2**31): half the bytes of the hot per-task arrays
     ready = np.zeros(num_tasks)  # latest release among the dependencies scheduled so far
     bits = ready.view(np.int64)  # its IEEE bits: never -0.0 (ready times only grow from +0.0)
     free = np.zeros(num_resources)  # finish of the last task scheduled on each resource
     start = np.empty(num_tasks)
     finish = np.empty(num_tasks)
-    first = np.full(64, -1, dtype=np.int64)  # [64] first task of each bucket's list, -1 if empty
-    next_task = np.empty(num_tasks, dtype=np.int64)  # [T] the bucket lists
+    first = np.full(64, -1, dtype=np.int32)  # [64] first task of each bucket's list, -1 if empty
+    next_task = np.empty(num_tasks, dtype=np.int32)  # [T] the bucket lists
     nonempty = np.uint64(0)  # bit j set: bucket j holds a task
-    tied = np.empty(num_tasks, dtype=np.int64)  # bucket 0: heap of the ids ready at ``last``
+    tied = np.empty(num_tasks, dtype=np.int32)  # bucket 0: heap of the ids ready at ``last``
     num_tied = 0
     last = np.int64(0)
     # The tasks with no dependency, all ready at 0, come in ascending ids: a sorted stream that is part of
-    # bucket 0 until it runs out (``last`` stays 0 until then), merged with the heap of ids.
-    sources = np.flatnonzero(waiting == 0)
-    head = 0
+    # bucket 0 until it runs out (``last`` stays 0 until then), merged with the heap of ids. Read straight
+    # from indegree (no flatnonzero array): ``source`` is the next one, num_tasks when none is left.
+    source = 0
+    while source < num_tasks and indegree[source] != 0:
+        source += 1
     while True:
-        if head < sources.size and (num_tied == 0 or sources[head] < tied[0]):
-            task = sources[head]
-            head += 1
+        if source < num_tasks and (num_tied == 0 or source < tied[0]):
+            task = source
+            source += 1
+            while source < num_tasks and indegree[source] != 0:
+                source += 1
         elif num_tied > 0:
             task, num_tied = _id_pop(tied, num_tied)
         elif nonempty != 0:  # the lowest bucket: its smallest ready time is the next one
             j = _lowest_bucket(nonempty)
             nonempty &= ~(np.uint64(1) << np.uint64(j))
-            t = first[j]
+            t = np.int64(first[j])
             first[j] = -1
             last = bits[t]
-            u = next_task[t]
+            u = np.int64(next_task[t])
             while u >= 0:
                 if bits[u] < last:
                     last = bits[u]
-                u = next_task[u]
+                u = np.int64(next_task[u])
             while t >= 0:
-                u = next_task[t]
+                u = np.int64(next_task[t])
                 if bits[t] == last:
                     num_tied = _id_push(tied, num_tied, t)
                 else:
@@ -193,17 +197,27 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
             continue
         else:
             break
+        task = np.int64(task)
         begin = ready[task]
-        for k in range(res_ptr[task], res_ptr[task + 1]):
-            if free[res[k]] > begin:
-                begin = free[res[k]]
-        end = begin + duration[task]
-        for k in range(res_ptr[task], res_ptr[task + 1]):
-            free[res[k]] = end
+        k0 = np.int64(res_ptr[task])  # int64 bounds: loops bounded by int32 run slower in numba
+        k1 = np.int64(res_ptr[task + 1])
+        if k1 - k0 == 1:  # most tasks hold one resource: no loops
+            r = np.int64(res[k0])
+            if free[r] > begin:
+                begin = free[r]
+            end = begin + duration[task]
+            free[r] = end
+        else:
+            for k in range(k0, k1):
+                if free[res[k]] > begin:
+                    begin = free[res[k]]
+            end = begin + duration[task]
+            for k in range(k0, k1):
+                free[res[k]] = end
         start[task] = begin
         finish[task] = end
-        for k in range(succ_ptr[task], succ_ptr[task + 1]):
-            successor = succ[k]
+        for k in range(np.int64(succ_ptr[task]), np.int64(succ_ptr[task + 1])):
+            successor = np.int64(succ[k])
             release = begin + succ_lag[k] if lagged else end
             if ready[successor] < release:
                 ready[successor] = release
@@ -229,24 +243,25 @@ def successor_lists(num_tasks, dep_task, dep_on, dep_lag):
     :func:`successors_csr`; the feedback, which counts a dependency once, merges the few it reads
     (:func:`feedback_sums`). An empty dep_lag gives an empty succ_lag."""
     lagged = dep_lag.size > 0
-    succ_ptr = np.zeros(num_tasks + 1, dtype=np.int64)
+    # counts one place further on (ptr[on + 2]), so that after the running sum ptr[on + 1] is the start of
+    # on's list, the scatter's cursor, and ends as its end: no [T] copy of cursors
+    ptr = np.zeros(num_tasks + 2, dtype=np.int64)
     indegree = np.zeros(num_tasks, dtype=dep_task.dtype)
     for k in range(dep_on.size):
-        succ_ptr[dep_on[k] + 1] += 1
+        ptr[np.int64(dep_on[k]) + 2] += 1
         indegree[dep_task[k]] += 1
     for t in range(num_tasks):
-        succ_ptr[t + 1] += succ_ptr[t]
-    slot = succ_ptr[:-1].copy()  # [T] next free slot of each task's list
+        ptr[t + 2] += ptr[t + 1]
     succ = np.empty(dep_on.size, dtype=dep_task.dtype)
     lag = np.empty(dep_on.size if lagged else 0)
     for k in range(dep_on.size):
-        on = dep_on[k]
-        s = slot[on]
+        on = np.int64(dep_on[k]) + 1
+        s = ptr[on]
         succ[s] = dep_task[k]
         if lagged:
             lag[s] = dep_lag[k]
-        slot[on] = s + 1
-    return succ_ptr, succ, lag, indegree
+        ptr[on] = s + 1
+    return ptr[:num_tasks + 1], succ, lag, indegree
 
 
 @_jit
@@ -359,44 +374,131 @@ def _radix_order(times):
 
 
 @_jit
+def _bucket_order(times, ordered):
+    """Stable ascending order [n] of ``times`` (the same order as :func:`_radix_order`: by time, ties in input
+    order), with ``ordered`` [n] filled with the times in that order. One counting pass and one scatter into
+    about n buckets of the key floor(t * nb / max) (monotone in t: rounding and truncation are), then one
+    insertion pass by exact time, which moves nothing across buckets (a lower key means a smaller time).
+    Falls back on :func:`_radix_order` where a key cannot be formed (a negative, NaN or infinite time, a scale
+    that overflows) or the insertion pass would move more than 16 n times (its cost stays O(n))."""
+    n = times.size
+    hi = 0.0
+    bad = False
+    for i in range(n):
+        t = times[i]
+        if t > hi:
+            hi = t
+        bad |= not (t >= 0.0)  # NaN or negative
+    nb = 1
+    while nb < n:
+        nb *= 2
+    scale = nb / hi if hi > 0.0 else 0.0
+    if bad or n < 2 or not (scale < np.inf) or not (hi < np.inf):
+        order = _radix_order(times)
+        for i in range(n):
+            ordered[i] = times[order[i]]
+        return order
+    top = nb - 1
+    keys = np.empty(n, dtype=np.int32)
+    counts = np.zeros(nb + 1, dtype=np.int32)
+    for i in range(n):
+        key = min(np.int64(times[i] * scale), top)
+        keys[i] = key
+        counts[key + 1] += 1
+    for b in range(nb):  # counted one place on: counts[b] becomes the start of bucket b
+        counts[b + 1] += counts[b]
+    order = np.empty(n, dtype=np.int64)
+    for i in range(n):
+        key = keys[i]
+        slot = counts[key]
+        counts[key] = slot + 1
+        order[slot] = i
+        ordered[slot] = times[i]
+    budget = 16 * n  # moves allowed to the insertion pass before it gives up (times crowded in few buckets)
+    for i in range(1, n):  # within a bucket: insertion by exact time (strictly greater moves), as _radix_order
+        t = ordered[i]
+        if ordered[i - 1] > t:
+            j = order[i]
+            k = i - 1
+            while k >= 0 and ordered[k] > t:
+                ordered[k + 1] = ordered[k]
+                order[k + 1] = order[k]
+                k -= 1
+            ordered[k + 1] = t
+            order[k + 1] = j
+            budget -= i - k
+            if budget < 0:
+                order = _radix_order(times)
+                for m in range(n):
+                    ordered[m] = times[order[m]]
+                return order
+    return order
+
+
+@_jit
 def peak_memory(num_devices, tensor_device, tensor_bytes, tensor_persistent, producer, alloc_lag, free_lag,
                 reader_tensor, reader_task, reader_lag, start, finish):
     """[D] peak live bytes per device: the persistent tensors' bytes (summed in tensor order) plus the peak of
     the transient ones, whose lifetimes are :func:`tensor_lifetimes` (tensors [N] and reads [K] as there),
     frees before allocations at equal times (the reference's per-instant counting): a sweep of their frees,
     then their allocations, in a stable order of time."""
-    alloc, free = tensor_lifetimes(producer, alloc_lag, free_lag, reader_tensor, reader_task, reader_lag, start,
-                                   finish)
+    n = producer.size
+    lagged = alloc_lag.size > 0
+    # [2n] every tensor's free, then its allocation (tensor_lifetimes written in place); persistent tensors
+    # stay in at time 0 and are skipped by the sweep: a stable order of a superset orders the transient
+    # events as one of them alone would, so the order is the original one
+    times = np.zeros(2 * n)
+    for i in range(n):
+        p = producer[i]
+        if p >= 0:
+            times[n + i] = start[p] + alloc_lag[i] if lagged else start[p]
+            times[i] = start[p] + free_lag[i] if lagged else finish[p]
+    for k in range(reader_tensor.size):
+        t = start[reader_task[k]] + reader_lag[k] if lagged else finish[reader_task[k]]
+        if t > times[reader_tensor[k]]:
+            times[reader_tensor[k]] = t
     persistent = np.zeros(num_devices)
-    transient = 0
-    for i in range(tensor_device.size):
+    for i in range(n):
         if tensor_persistent[i]:
             persistent[tensor_device[i]] += tensor_bytes[i]
-        else:
-            transient += 1
-    # [2n] the transient tensors' frees, then their allocations (a stable sort keeps frees first), with the
-    # device and the change of live bytes of each, so that the sweep reads them in one place
-    times = np.empty(2 * transient)
-    device = np.empty(2 * transient, dtype=tensor_device.dtype)
-    change = np.empty(2 * transient)
-    j = 0
-    for i in range(tensor_device.size):
-        if not tensor_persistent[i]:
-            times[j] = free[i]
-            times[transient + j] = alloc[i]
-            device[j] = device[transient + j] = tensor_device[i]
-            change[j] = -tensor_bytes[i]
-            change[transient + j] = tensor_bytes[i]
-            j += 1
-    order = _radix_order(times)
+            times[i] = 0.0
+            times[n + i] = 0.0
+    # Runs of equal consecutive times (tensors of replicas run in lockstep: about 4 in 5 times equal the one
+    # before): a stable order of the runs by time, each run expanded in index order, is the stable order of
+    # the events, with a quarter as many keys to sort; runs end at n (frees, then allocations).
+    run_first = np.empty(2 * n + 1, dtype=np.int64)
+    run_time = np.empty(2 * n)
+    runs = 0
+    for i in range(2 * n):
+        if i == 0 or i == n or times[i] != times[i - 1]:
+            run_first[runs] = i
+            run_time[runs] = times[i]
+            runs += 1
+    run_first[runs] = 2 * n
+    ordered = np.empty(runs)
+    order = _bucket_order(run_time[:runs], ordered)
     live = np.zeros(num_devices)
     peak = np.zeros(num_devices)
-    for k in range(order.size):
-        i = order[k]
-        d = device[i]
-        live[d] += change[i]
-        if live[d] > peak[d]:
-            peak[d] = live[d]
+    for k in range(runs):
+        r = order[k]
+        i0 = run_first[r]
+        i1 = run_first[r + 1]
+        if i0 >= n:  # allocations
+            for f in range(i0 - n, i1 - n):
+                if tensor_persistent[f]:
+                    continue
+                d = tensor_device[f]
+                live[d] += tensor_bytes[f]
+                if live[d] > peak[d]:
+                    peak[d] = live[d]
+        else:
+            for f in range(i0, i1):
+                if tensor_persistent[f]:
+                    continue
+                d = tensor_device[f]
+                live[d] += -tensor_bytes[f]
+                if live[d] > peak[d]:
+                    peak[d] = live[d]
     return persistent + peak
 
 
@@ -424,7 +526,7 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
                 first[g] = start[t]
             if finish[t] > last[g]:
                 last[g] = finish[t]
-        for k in range(res_ptr[t], res_ptr[t + 1]):
+        for k in range(np.int64(res_ptr[t]), np.int64(res_ptr[t + 1])):  # int64 bounds: faster loops in numba
             busy[res[k]] += duration[t]
     wait = np.zeros(num_groups)
     count = np.zeros(num_groups, dtype=np.int64)
@@ -432,6 +534,37 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
     # [T] the list in which each task was last met: a while finding its largest lag there, -2 - a once summed
     seen = np.full(group.size, -1, dtype=np.int32)
     largest = np.empty(group.size if lagged else 0)  # [T] the largest lag of its dependency in that list
+    if by_predecessor and edge_ptr.size > 1 and edge_ptr[edge_ptr.size - 1] < 2**31:
+        # only dependencies into a non-compute task feed a wait: find them in one flat pass over the edges
+        # (branch-free compaction: a loop per list mispredicts its exit once per task), then their lists
+        lo = np.int64(edge_ptr[0])
+        hi = np.int64(edge_ptr[edge_ptr.size - 1])
+        hits = np.empty(max(hi - lo, 0), dtype=np.int32)  # int32 (edges < 2**31): half the bytes written
+        num_hits = 0
+        for k in range(lo, hi):
+            hits[num_hits] = k
+            num_hits += np.int64(kind[np.uint32(edge_end[k])] != TASK_COMPUTE)  # unsigned: no wraparound test
+        a = 0
+        for h in range(num_hits):
+            k = np.int64(hits[h])
+            while edge_ptr[a + 1] <= k:
+                a += 1
+            if kind[a] != TASK_COMPUTE or group[a] < 0:
+                continue
+            other = edge_end[k]
+            if seen[other] == -2 - a:
+                continue  # listed before in a's list: counted once, at its first place
+            seen[other] = -2 - a
+            if lagged:
+                lag = edge_lag[k]  # its largest lag in a's list, found as the two-pass loop below finds it
+                for k2 in range(k + 1, edge_ptr[a + 1]):
+                    if edge_end[k2] == other and edge_lag[k2] > lag:
+                        lag = edge_lag[k2]
+                wait[group[a]] += start[other] - (start[a] + lag)
+            else:
+                wait[group[a]] += start[other] - finish[a]
+            count[group[a]] += 1
+        return first, last, wait, count, busy
     for a in range(edge_ptr.size - 1):
         if by_predecessor and (kind[a] != TASK_COMPUTE or group[a] < 0):
             continue  # a feeds no wait: its whole list is skipped
