@@ -486,6 +486,25 @@ def test_radix_order_is_a_stable_sort():
     assert kernels._radix_order(np.zeros(0)).size == 0
 
 
+
+@pytest.mark.parametrize("case", ["spread", "coarse", "crowded", "infinite", "tiny"])
+def test_bucket_order_is_a_stable_sort(case):
+    """peak_memory's bucket sort against a stable argsort: times spread out, coarse (many ties inside and
+    across buckets), crowded into one bucket (its insertion pass would move too much: the radix fallback),
+    with an infinite time (no key: the fallback), and 0-2 times. ``ordered`` is filled with the times in order."""
+    rng = np.random.default_rng(3)
+    times = {"spread": rng.random(2000) * 7,
+             "coarse": np.round(rng.random(2000) * 4, 1),
+             "crowded": np.concatenate([rng.random(3000) * 1e-9, [1.0]]),
+             "infinite": np.concatenate([rng.random(500), [np.inf, 0.5, np.inf]]),
+             "tiny": np.array([2.0, 1.0])}[case]
+    rng.shuffle(times)
+    for sample in ([times] if case != "tiny" else [times, times[:1], times[:0]]):
+        ordered = np.empty(sample.size)
+        order = kernels._bucket_order(sample, ordered)
+        np.testing.assert_array_equal(order, np.argsort(sample, kind="stable"))
+        np.testing.assert_array_equal(ordered, sample[order])
+
 def _plain_peak_memory(num_devices, device, nbytes, persistent, alloc, free):
     """Peak memory as the kernel's predecessor computed it: bincount of the persistent bytes, plus a sweep of
     the transient tensors' frees then allocations in a stable argsort of their times."""
