@@ -380,3 +380,48 @@ def test_traced_adam_chains_stay_together(traced_gpt2, num_groups):
         assert len({int(group[op]) for op in chain_ops}) == 1, name
     naive = naive_groups(graph, num_groups=groups.num_groups)
     assert groups.cut_bytes() <= naive.cut_bytes()
+
+
+def _heapq_kahn(num_nodes, src, dst):
+    """Kahn's algorithm with Python's heapq (the least-index ready node first); None on a cycle."""
+    import heapq
+
+    succ = [[] for _ in range(num_nodes)]
+    indegree = [0] * num_nodes
+    for a, b in zip(src.tolist(), dst.tolist()):
+        succ[a].append(b)
+        indegree[b] += 1
+    heap = [v for v in range(num_nodes) if indegree[v] == 0]
+    order = []
+    while heap:
+        v = heapq.heappop(heap)
+        order.append(v)
+        for w in succ[v]:
+            indegree[w] -= 1
+            if indegree[w] == 0:
+                heapq.heappush(heap, w)
+    return order if len(order) == num_nodes else None
+
+
+def test_dag_order_and_quotient_check_against_plain_kahn():
+    """dag_order (a compiled Kahn's) gives heapq Kahn's order, ties by least index, parallel edges included;
+    a cycle is a GraphError; quotient_is_dag agrees with Kahn's over the contracted graph."""
+    from tag.grouping.acyclic import dag_order
+
+    rng = np.random.default_rng(11)
+    for trial in range(40):
+        n = int(rng.integers(1, 40))
+        rank = rng.permutation(n)  # a hidden topological order: edges go from lower to higher rank
+        a, b = rng.integers(0, n, (2, int(rng.integers(0, 3 * n))))
+        keep = rank[a] < rank[b]
+        src, dst = a[keep], b[keep]
+        if trial % 5 == 0 and src.size:
+            src, dst = np.concatenate([src, src[:3]]), np.concatenate([dst, dst[:3]])  # parallel edges
+        np.testing.assert_array_equal(dag_order(n, src, dst), _heapq_kahn(n, src, dst))
+        labels = rng.integers(0, max(1, n // 3), n)
+        cross = labels[src] != labels[dst]
+        contracted = _heapq_kahn(int(labels.max()) + 1, labels[src][cross], labels[dst][cross])
+        assert quotient_is_dag(src, dst, labels) == (contracted is not None)
+    with pytest.raises(GraphError, match="cycle through 3 of its 4 nodes"):
+        dag_order(4, np.array([0, 1, 2, 3]), np.array([1, 2, 3, 1]))
+    assert not quotient_is_dag(np.array([0, 2]), np.array([1, 3]), np.array([0, 1, 1, 0]))

@@ -92,6 +92,7 @@ class ClusterContext:
     mp_cuts: dict = field(default_factory=dict)  # (group, device types) -> its model-parallel cut (_cut_group)
     mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them
     mp_splitters: dict = field(default_factory=dict)  # (group, first device's type) -> its GroupSplitter (split_group)
+    mp_op_times: dict = field(default_factory=dict)  # device type -> [N] op seconds the splitters weigh ops by
     plans: dict = field(default_factory=dict)  # the compiler's per-bundle plans, keyed by bundle and layouts
     skeletons: dict = field(default_factory=dict)  # bundle plans without bytes, keyed by bundle kind and layouts
     compute_resources: list = field(default_factory=list)  # [D] (device,): a compute task's resources
@@ -284,8 +285,11 @@ def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devi
     key = (group, context.type_index[devices[0]])
     splitter = context.mp_splitters.get(key)
     if splitter is None:
-        splitter = context.mp_splitters[key] = GroupSplitter(graph, ops, cost=gg.cost,
-                                                             gpu=context.cluster.gpu(devices[0]))
+        gpu = context.cluster.gpu(devices[0])
+        op_times = context.mp_op_times.get(key[1])
+        if op_times is None:  # every group's splitter weighs its ops by these: computed once per type
+            op_times = context.mp_op_times[key[1]] = gg.cost.op_times(graph, gpu)
+        splitter = context.mp_splitters[key] = GroupSplitter(graph, ops, cost=gg.cost, gpu=gpu, op_times=op_times)
     where = splitter.split(context.speed[list(devices)])  # [len(ops)] index into devices (split_group)
     pieces: list[Piece] = []
     slots: list[int] = []

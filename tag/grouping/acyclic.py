@@ -39,6 +39,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tag.errors import GraphError
+from tag.sim.kernels import _id_pop, _id_push, _jit
 from tag.grouping.errors import GroupingError
 
 __all__ = ["repair_acyclic", "refine_acyclic", "RepairStats", "topological_chunks", "edge_cut", "quotient_is_dag",
@@ -57,34 +58,67 @@ class RepairStats(NamedTuple):
 
 def dag_order(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """[K] Kahn's topological order of a DAG given by edge lists (ties by node index); GraphError on a cycle."""
+    src = np.asarray(src, dtype=np.int64)
+    dst = np.asarray(dst, dtype=np.int64)
     ptr, succ = _succ_csr(num_nodes, src, dst)
-    indegree = np.bincount(dst, minlength=num_nodes)
-    heap = np.flatnonzero(indegree == 0).tolist()
-    heapq.heapify(heap)
-    order = []
-    while heap:
-        node = heapq.heappop(heap)
-        order.append(node)
-        for nxt in succ[ptr[node] : ptr[node + 1]].tolist():
+    order, placed = _kahn_order(ptr, succ, np.bincount(dst, minlength=num_nodes).astype(np.int64))
+    if placed != num_nodes:
+        raise GraphError(f"graph has a cycle through {num_nodes - placed} of its {num_nodes} nodes")
+    return order
+
+
+@_jit
+def _kahn_order(ptr, succ, indegree):
+    """(order [K], nodes placed) of Kahn's algorithm over the successor CSR ``ptr`` [K+1] / ``succ``, the
+    ready node of least index first (a min-heap of node ids); fewer than K placed: a cycle."""
+    num_nodes = indegree.size
+    heap = np.empty(num_nodes, dtype=np.int64)
+    size = 0
+    for node in range(num_nodes):  # ascending: already a heap
+        if indegree[node] == 0:
+            heap[size] = node
+            size += 1
+    order = np.empty(num_nodes, dtype=np.int64)
+    placed = 0
+    while size > 0:
+        node, size = _id_pop(heap, size)
+        order[placed] = node
+        placed += 1
+        for k in range(ptr[node], ptr[node + 1]):
+            nxt = succ[k]
             indegree[nxt] -= 1
             if indegree[nxt] == 0:
-                heapq.heappush(heap, nxt)
-    if len(order) != num_nodes:
-        raise GraphError(f"graph has a cycle through {num_nodes - len(order)} of its {num_nodes} nodes")
-    return np.asarray(order, dtype=np.int64)
+                size = _id_push(heap, size, nxt)
+    return order, placed
 
 
 def quotient_is_dag(src: np.ndarray, dst: np.ndarray, labels: np.ndarray) -> bool:
     """Whether contracting each label class of a graph's nodes gives a DAG (self loops ignored)."""
     labels = np.asarray(labels, dtype=np.int64)
     num = int(labels.max()) + 1 if labels.size else 0
-    a, b = labels[src], labels[dst]
-    cross = a != b
-    try:
-        dag_order(num, a[cross], b[cross])
-    except GraphError:
-        return False
-    return True
+    return bool(_quotient_is_dag(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), labels, num))
+
+
+@_jit
+def _quotient_is_dag(src, dst, labels, num):
+    """:func:`quotient_is_dag` over ``num`` labels: Kahn's algorithm over the edges between classes."""
+    ptr = np.zeros(num + 1, dtype=np.int64)
+    indegree = np.zeros(num, dtype=np.int64)
+    for k in range(src.size):
+        a, b = labels[src[k]], labels[dst[k]]
+        if a != b:
+            ptr[a + 1] += 1
+            indegree[b] += 1
+    for a in range(num):
+        ptr[a + 1] += ptr[a]
+    slot = ptr[:-1].copy()
+    succ = np.empty(ptr[num], dtype=np.int64)
+    for k in range(src.size):
+        a, b = labels[src[k]], labels[dst[k]]
+        if a != b:
+            succ[slot[a]] = b
+            slot[a] += 1
+    return _kahn_order(ptr, succ, indegree)[1] == num
 
 
 def edge_cut(src: np.ndarray, dst: np.ndarray, edge_bytes: np.ndarray, labels: np.ndarray) -> float:
@@ -150,8 +184,7 @@ def repair_acyclic(num_nodes: int, src: np.ndarray, dst: np.ndarray, edge_bytes:
 def _succ_csr(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     order = np.argsort(src, kind="stable")
     ptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.add.at(ptr, src + 1, 1)
-    np.cumsum(ptr, out=ptr)
+    np.cumsum(np.bincount(src, minlength=num_nodes), out=ptr[1:])
     return ptr, dst[order]
 
 

@@ -368,7 +368,7 @@ class GroupSplitter:
     once, on first use, so that a search splitting a group over many device sets pays for it once."""
 
     def __init__(self, graph: OpGraph, group_ops: Sequence[int] | np.ndarray, *, cost: CostModel | None = None,
-                 gpu: GPUType | str | None = None):
+                 gpu: GPUType | str | None = None, op_times: np.ndarray | None = None):
         ops = np.asarray(group_ops, dtype=np.int64).reshape(-1)
         if ops.size == 0:
             raise GroupingError("split_group: the group has no ops")
@@ -377,14 +377,20 @@ class GroupSplitter:
         if np.unique(ops).size != ops.size:
             raise GroupingError("split_group: repeated op ids in the group")
         self.graph, self.ops, self._cost, self._gpu = graph, ops, cost, gpu
+        # [N] every op's seconds on the GPU (``cost.op_times(graph, gpu)``), given by a caller that splits many
+        # groups of one graph, or computed on first use
+        self._op_times = op_times
         self._setup: tuple | None = None  # (weight [n], src [e], dst [e], edge_bytes [e], order [n])
         self._metis: tuple | None = None  # _metis_graph of the group
 
     def _prepared(self) -> tuple:
         if self._setup is None:
             graph, ops = self.graph, self.ops
-            cost = self._cost if self._cost is not None else CostModel()
-            weight = cost.op_times(graph, resolve_gpus(self._gpu)[0])[ops]  # [n]
+            op_times = self._op_times
+            if op_times is None:
+                cost = self._cost if self._cost is not None else CostModel()
+                op_times = cost.op_times(graph, resolve_gpus(self._gpu)[0])
+            weight = op_times[ops]  # [n]
             if weight.sum() <= 0:
                 weight = np.ones(ops.size)
             local = np.full(graph.num_ops, -1, dtype=np.int64)
