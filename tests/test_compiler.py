@@ -665,6 +665,44 @@ def test_evaluator_keeps_replicated_groups_compact(bert_tiny):
     assert merged._arena.compact_tasks == 0 and merged._arena.size["task"] > compiled.num_tasks - compute
 
 
+def test_implied_edges_are_those_a_transitive_reduction_drops():
+    """_implied_edges against networkx's transitive reduction on random DAGs, and by hand: an edge repeated
+    is implied only by a longer path, not by its twin."""
+    import networkx as nx
+
+    from tag.compiler.evaluate import _implied_edges
+
+    rng = np.random.default_rng(5)
+    for _ in range(30):
+        n = int(rng.integers(1, 25))
+        a, b = rng.integers(0, n, (2, int(rng.integers(0, 3 * n))))
+        pairs = sorted({(min(x, y), max(x, y)) for x, y in zip(a.tolist(), b.tolist()) if x != y})  # a DAG
+        src, dst = np.array([p for p, _ in pairs], dtype=np.int64), np.array([q for _, q in pairs], dtype=np.int64)
+        graph = nx.DiGraph(pairs)
+        graph.add_nodes_from(range(n))
+        kept = nx.transitive_reduction(graph)
+        np.testing.assert_array_equal(_implied_edges(n, src, dst), [not kept.has_edge(*p) for p in pairs])
+    src, dst = np.array([0, 1, 0, 0, 3, 3]), np.array([1, 2, 2, 2, 4, 4])
+    np.testing.assert_array_equal(_implied_edges(5, src, dst), [False, False, True, True, False, False])
+
+
+def test_evaluator_drops_dependencies_longer_paths_imply(bert_tiny):
+    """Inside a replicated group a dependency that a longer path of its units implies is not listed: the
+    evaluator lists R fewer dependencies per such pair of units than compile_strategy, with the same
+    schedule, memory and feedback; merged chunks (lags) keep them all."""
+    gg, cluster = bert_tiny
+    strategy = Strategy.data_parallel(gg.num_groups, cluster)  # every group on all D devices
+    compiled = compile_strategy(gg, strategy, cluster).taskgraph
+    evaluator = StrategyEvaluator(gg, cluster)
+    assert_same_result(evaluator(strategy), simulate_fast(compiled))
+    dropped = int((~evaluator._local_dep).sum())
+    assert dropped > 0
+    group_ids = evaluator._group_fragment_ids(strategy)
+    columns = evaluator._assemble(group_ids, evaluator._pair_fragment_ids(group_ids))
+    assert columns.dep_task.size == compiled.dep.size - dropped * cluster.num_devices
+    assert StrategyEvaluator(gg, cluster, granularity="merged")._local_dep.all()
+
+
 @pytest.mark.parametrize("granularity", ["group", "part"])
 @pytest.mark.parametrize("model, cluster_name, row", [
     ("bert-large", "tag-testbed", [1, 0, 1, 0, 1, 1, 0]), ("dlrm", "tag-cloud", [1, 1, 1, 0, 1, 0]),

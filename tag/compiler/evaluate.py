@@ -67,6 +67,7 @@ import numpy as np
 from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.grouping import GroupGraph
+from tag.grouping.acyclic import dag_order
 from tag.sim.kernels import (_jit, int_table, list_schedule, merge_chunks, peak_memory, successor_lists,
                              table_look_up, table_store)
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
@@ -513,6 +514,16 @@ class StrategyEvaluator:
         np.cumsum([src.size for src, _ in local], out=self._local_ptr[1:])
         self._local_src = np.concatenate([src for src, _ in local] + [np.zeros(0, dtype=np.int64)])
         self._local_dst = np.concatenate([dst for _, dst in local] + [np.zeros(0, dtype=np.int64)])
+        # [L] whether each pair's dependency is written: one that a longer path of the group's units implies
+        # (a -> b -> c implies a -> c, per replica) changes no start time (c's release is the latest finish of
+        # its predecessors, and b finishes no earlier than a) and feeds no feedback (compute to compute), so it
+        # is left out where dependencies are ordinary; merged chunks (lags) keep every one
+        self._local_dep = np.ones(self._local_src.size, dtype=np.bool_)
+        if not self._merging:
+            for g, (src, dst) in enumerate(local):
+                begin = self._local_ptr[g]
+                units = int(self._unit_ptr[g + 1] - self._unit_ptr[g])
+                self._local_dep[begin:begin + src.size] = ~_implied_edges(units, src, dst)
         self._persistent = ADAM_COPIES * np.asarray(self.tables.group_param_bytes, dtype=np.float64)  # [G]
         self._skeleton_compiler = self._compiler()  # makes the pairs' bundles and skeletons (_pair_skeletons)
         self._kind_sets: dict[tuple, int] = {}  # the kinds of a pair's bundles, in order -> an id (_bundle_arrays)
@@ -827,7 +838,7 @@ class StrategyEvaluator:
          read_task, tensor_first, index, counts) = _replica_fragments(
             groups, device_ptr, device_list, fractions, self._unit_ptr, self._unit_ids, self._unit_rank,
             self.tables.unit_out_rows, self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst,
-            self._persistent, self.cluster.num_devices, self._merging)
+            self._local_dep, self._persistent, self.cluster.num_devices, self._merging)
         ends = np.cumsum(counts[:, :5], axis=0)
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
         replicas = np.diff(device_ptr)
@@ -966,7 +977,8 @@ class StrategyEvaluator:
             first_bundle, bundle_end, list_first, *self._bundles.arrays(), self._list_rows.view("row"),
             *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, self._block_replicas,
             self._block_mp, self._block_index, self._block_device0, self._block_unit0,
-            self._block_store.view("device"), self._block_store.view("tensor_first"), np.where(same, 0, tasks_p), first_task, first_tensor,
+            self._block_store.view("device"), self._block_store.view("tensor_first"), np.where(same, 0, tasks_p),
+            first_task, first_tensor,
             np.array(collective_ptr, dtype=np.int64), np.array(collective_bundle, dtype=np.int64),
             np.array(holder_ptr, dtype=np.int64), np.array(holders, dtype=np.int64),
             np.array(collective_seconds, dtype=np.float64), np.array(held_ptr, dtype=np.int64),
@@ -1131,7 +1143,8 @@ class StrategyEvaluator:
                         self.cluster.num_devices, arena.compact.view("device"), arena.compact.view("fraction"),
                         self.context.type_array, self._unit_ptr, self._unit_ids, self._unit_rank,
                         self.tables.unit_time_fixed, self.tables.unit_time_scaled, self.tables.unit_out_rows,
-                        self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst, self._persistent)
+                        self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst, self._local_dep,
+                        self._persistent)
         return _Assembled(*out)
 
     def _peak_memory(self, columns: _Assembled, start: np.ndarray, finish: np.ndarray) -> np.ndarray:
@@ -1149,6 +1162,22 @@ class StrategyEvaluator:
         return feedback_from_columns(self.cluster, self.group_graph.num_groups, columns.group, columns.kind,
                                      columns.duration, columns.res_ptr, columns.res, resource_kind, resource_a,
                                      resource_b, succ_ptr, succ, succ_lag, start, finish, peak, by_predecessor=True)
+
+
+def _implied_edges(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
+    """[E] whether each edge a -> c of a DAG is implied by a longer path (a -> b -> ... -> c, b not c): the
+    edges its transitive reduction drops (a repeated direct edge is not implied by its twin)."""
+    succ: list[list[int]] = [[] for _ in range(num_nodes)]
+    for a, c in zip(src.tolist(), dst.tolist()):
+        succ[a].append(c)
+    reach = [0] * num_nodes  # bit set of the nodes each one reaches by a path of one edge or more
+    for v in dag_order(num_nodes, src, dst)[::-1].tolist():
+        bits = 0
+        for c in succ[v]:
+            bits |= reach[c] | (1 << c)
+        reach[v] = bits
+    return np.array([any(b != c and reach[b] >> c & 1 for b in succ[a]) for a, c in zip(src.tolist(), dst.tolist())],
+                    dtype=np.bool_)
 
 
 def _interned(ids: dict, key: Any, bits: int) -> int:
@@ -1209,7 +1238,7 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
               a_nres, a_res, a_dep_task, a_dep_on, a_dep_lag, a_tensor_device, a_tensor_bytes, a_tensor_producer,
               a_alloc_lag, a_free_lag, a_tensor_persistent, a_read_tensor, a_read_task, a_read_lag, lagged, link_base,
               num_devices, c_device, c_fraction, device_type, unit_ptr, unit_ids, unit_rank, unit_time_fixed,
-              unit_time_scaled, unit_out_rows, unit_out_fixed, local_ptr, local_src, local_dst, persistent):
+              unit_time_scaled, unit_out_rows, unit_out_fixed, local_ptr, local_src, local_dst, local_dep, persistent):
     """Global columns (see :class:`_Assembled`; indices int32) of the fragments ``group_fragment`` [G]
     (indexed by group) and ``pair_fragment`` [P] (pairs pair_p [P] -> pair_c [P]), laid out as
     compile_strategy lays out its tasks: compute blocks in ``group_order``, then the pairs' early tasks, then
@@ -1363,8 +1392,9 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
         if g >= 0:  # compact (never lagged)
             e, q, _ = _replica_rows(g, meta[f, _REPLICAS], c_device, c_fraction, meta[f, _RES0], unit_ptr, unit_ids,
                                     unit_rank, unit_out_rows, unit_out_fixed, local_ptr, local_src, local_dst,
-                                    persistent, bases[2], tbases[2], dep_task, dep_on, read_tensor, read_task,
-                                    tensor_device, tensor_bytes, tensor_producer, tensor_persistent, e, q, tbases[2])
+                                    local_dep, persistent, bases[2], tbases[2], dep_task, dep_on, read_tensor,
+                                    read_task, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, e, q,
+                                    tbases[2])
             continue
         for i in range(meta[f, _DEP0], meta[f, _DEP0] + meta[f, _DEPS]):
             ref = a_dep_task[i]
@@ -1399,19 +1429,22 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
 
 @_jit
 def _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank, unit_out_rows, unit_out_fixed,
-                  local_ptr, local_src, local_dst, persistent, task_base, tensor_base, dep_task, dep_on, read_tensor,
-                  read_task, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, e, q, n):
+                  local_ptr, local_src, local_dst, local_dep, persistent, task_base, tensor_base, dep_task, dep_on,
+                  read_tensor, read_task, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, e, q, n):
     """Write the rows of group ``g`` replicated on the R = ``r`` devices ``devices[first:first + r]`` with batch
     fractions ``fractions[first:first + r]``, as ``_Compiler.group_fragment`` lists them: its tasks are
     unit-major then replica (unit u's replica j is task ``task_base + u * r + j``, on the j-th device); every
     pair of its units that read each other (``local_src -> local_dst``, CSR ``local_ptr``, unit indices) adds
-    a dependency per replica, at ``e``, and a read per replica where the source outputs, at ``q``; each unit
+    a dependency per replica where ``local_dep`` says so, at ``e``, and a read per replica where the source
+    outputs, at ``q``; each unit
     that outputs (``unit_rank`` >= 0: its rank among them) has a tensor per replica, numbered in unit order
     from ``tensor_base`` and written at ``n``, of the layout's bytes (batch-scaled bytes times the fraction,
     plus the fixed ones); then, if the group has persistent bytes, one persistent tensor per device. Returns
     the next (e, q, n)."""
     first_unit = unit_ptr[g]
     for i in range(local_ptr[g], local_ptr[g + 1]):
+        if not local_dep[i]:
+            continue
         for j in range(r):
             dep_task[e] = task_base + local_dst[i] * r + j
             dep_on[e] = task_base + local_src[i] * r + j
@@ -1444,7 +1477,7 @@ def _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank
 
 @_jit
 def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_ids, unit_rank, unit_out_rows,
-                       unit_out_fixed, local_ptr, local_src, local_dst, persistent, num_devices, rows):
+                       unit_out_fixed, local_ptr, local_src, local_dst, local_dep, persistent, num_devices, rows):
     """The group fragments of F replicated layouts, one after another: layout f is group ``groups[f]`` on the
     R devices ``devices[device_ptr[f]:device_ptr[f + 1]]`` with batch fractions ``fractions`` (the same
     slice), its rows as :func:`_replica_rows` writes them, references relative to the fragment. Returns
@@ -1465,10 +1498,12 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
         for u in range(unit_ptr[g], unit_ptr[g + 1]):
             outputs += unit_rank[u] >= 0
         reads = 0
+        deps = 0
         for i in range(local_ptr[g], local_ptr[g + 1]):
             reads += unit_rank[unit_ptr[g] + local_src[i]] >= 0
+            deps += local_dep[i]
         counts[f, 0] = counts[f, 1] = units * r
-        counts[f, 2] = (local_ptr[g + 1] - local_ptr[g]) * r
+        counts[f, 2] = deps * r
         counts[f, 3] = (outputs + (persistent[g] > 0)) * r
         counts[f, 4] = reads * r
         counts[f, 5] = outputs * r
@@ -1503,7 +1538,8 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
             tensor_first[w + u] = rank * r if rank >= 0 else -1
         if rows:
             e, q, n = _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank, unit_out_rows,
-                                    unit_out_fixed, local_ptr, local_src, local_dst, persistent, 0, 0, dep_task,
+                                    unit_out_fixed, local_ptr, local_src, local_dst, local_dep, persistent, 0, 0,
+                                    dep_task,
                                     dep_on, read_tensor, read_task, tensor_device, tensor_bytes, tensor_producer,
                                     tensor_persistent, e, q, n)
         t += units * r
@@ -1518,9 +1554,9 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
                     sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts,
                     tr_first_counted, tr_counted, part_category, part_fraction, counted_category, sk_local,
                     num_devices, fragment_p, fragment_c, block_replicas, block_mp, block_index, block_device0,
-                    block_unit0, block_device, block_tensor_first, c_shift, first_task, first_tensor, pair_collective_ptr,
-                    collective_bundle, holder_ptr, holders, collective_duration, collective_res_ptr, collective_res,
-                    alpha, beta, nic_out, nic_in, link_base):
+                    block_unit0, block_device, block_tensor_first, c_shift, first_task, first_tensor,
+                    pair_collective_ptr, collective_bundle, holder_ptr, holders, collective_duration,
+                    collective_res_ptr, collective_res, alpha, beta, nic_out, nic_in, link_base):
     """The own tasks of M pair fragments, with their dependencies, tensors and reads, one fragment after
     another: each fragment's transfers (``_Compiler._instantiate`` for its bundles), then its collectives
     (``_Compiler._emit_collectives``, in its order), numbered as the compiler numbers one pair (P's block

@@ -201,8 +201,8 @@ def compute_block(tables: CompilerTables, context: ClusterContext, layout: Group
         labels = [label for unit in units.tolist() for label in [tables.unit_label[unit]] * r]
         fraction = np.asarray(layout.fraction)
         out = tables.unit_out_rows[units][:, None] * fraction[None, :] + tables.unit_out_fixed[units][:, None]
-        found = (unit_durations(tables, context, layout).reshape(-1).tolist(), list(layout.devices) * len(units), labels,
-                 out.reshape(-1).tolist())
+        durations = unit_durations(tables, context, layout)
+        found = (durations.reshape(-1).tolist(), list(layout.devices) * len(units), labels, out.reshape(-1).tolist())
         context.blocks[layout.key] = found
     return found
 
