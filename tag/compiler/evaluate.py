@@ -27,10 +27,17 @@ transfers from the compiler's bundle skeletons (``_Compiler._skeleton``: which d
 of which category to which, shared by every bundle of a kind), then its collectives, timed and given
 resources by the compiler's formulas (:func:`~tag.compiler.compile.ring_allreduce_seconds`,
 :func:`~tag.compiler.compile.ps_seconds`, :func:`~tag.compiler.compile.collective_resources`) from a plan
-made once per skeleton list. A model-parallel side is one more block to it (a task
+made once per skeleton list. The kernel reads each group fragment's block (its replicas' or pieces' devices,
+its units' first output tensors) and each pair's bundles from stores written once, when they are made, and
+each skeleton list's rows likewise. A model-parallel side is one more block to it (a task
 per piece, its units the pieces), with bundles made per pair of layouts by pieces; model-parallel groups
 (their METIS pieces) go through the compiler's own Python (``_Compiler.group_fragment``). The arena queues
 an evaluation's new fragments and stores them at once, one append per column.
+
+Inside a replicated group, where dependencies are ordinary (no merged chunks), a dependency between two of
+its units that a longer path of its units implies is left out (``_local_dep``): it changes no start time
+and feeds no feedback, so the results stay those of ``compile_strategy``'s TaskGraph, which lists it (for
+BERT-Large a quarter of an evaluation's dependencies).
 
 Fragments are stored with dependency and tensor lags (:class:`tag.sim.taskgraph.Lags`). At ``"merged"``
 granularity a group fragment's chunks are merged into one task per part and replica
@@ -49,11 +56,11 @@ order of float sums), so what the tests prove of that path — agreement with th
 batch-row checker — holds for this one (tests/test_compiler.py).
 
 Cost (BERT-Large, 60 groups, tag-testbed's 16 GPUs, one core; ``scripts/bench_sim.py``): a strategy whose
-fragments are all cached costs the kernels alone, about 2 ms at group granularity (about 20 k tasks),
-1.6 ms merged and 0.5 ms at part granularity; a real search's first evaluation of a strategy (17.6 new
-group fragments, 53.6 new pairs of them served by 20.7 new pair fragments, on average) about 3.5 ms at group
-granularity, a new model-parallel layout about 2.5 ms more (METIS and its pieces, in Python, once per group
-and device-type sequence).
+fragments are all cached costs the kernels alone, about 1.4–1.7 ms at group granularity (about 20 k tasks,
+35 k dependencies), 1.1–1.3 ms merged and 0.3–0.4 ms at part granularity; a real search's first evaluation
+of a strategy (17.6 new group fragments, 53.6 new pairs of them served by 20.7 new pair fragments, on
+average) about 2.7–3.4 ms at group granularity, a new model-parallel layout about 2.5 ms more (METIS and its
+pieces, in Python, once per group and device-type sequence).
 Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not available here.
 """
 
