@@ -359,7 +359,15 @@ def _radix_order(times):
         order, spare = spare, order
         keys, spare_keys = spare_keys, keys
     ordered = times[order]  # [n] the times in that order
-    for i in range(1, n):  # within a run of equal keys: insertion by exact time (strictly greater moves)
+    _insertion_pass(ordered, order, np.int64(1) << np.int64(62))  # within a run of equal keys, by exact time
+    return order
+
+
+@_jit
+def _insertion_pass(ordered, order, budget):
+    """Finish ordering ``ordered`` [n] by insertion (``order`` moving with it), strictly greater times moving,
+    so equal times keep their order; gives up, returning False, once it has moved more than ``budget`` times."""
+    for i in range(1, ordered.size):
         t = ordered[i]
         if ordered[i - 1] > t:
             j = order[i]
@@ -370,6 +378,18 @@ def _radix_order(times):
                 k -= 1
             ordered[k + 1] = t
             order[k + 1] = j
+            budget -= i - k
+            if budget < 0:
+                return False
+    return True
+
+
+@_jit
+def _radix_fallback(times, ordered):
+    """:func:`_radix_order` of ``times``, with ``ordered`` filled with the times in that order."""
+    order = _radix_order(times)
+    for i in range(times.size):
+        ordered[i] = times[order[i]]
     return order
 
 
@@ -394,10 +414,7 @@ def _bucket_order(times, ordered):
         nb *= 2
     scale = nb / hi if hi > 0.0 else 0.0
     if bad or n < 2 or not (scale < np.inf) or not (hi < np.inf):
-        order = _radix_order(times)
-        for i in range(n):
-            ordered[i] = times[order[i]]
-        return order
+        return _radix_fallback(times, ordered)
     top = nb - 1
     keys = np.empty(n, dtype=np.int32)
     counts = np.zeros(nb + 1, dtype=np.int32)
@@ -414,24 +431,9 @@ def _bucket_order(times, ordered):
         counts[key] = slot + 1
         order[slot] = i
         ordered[slot] = times[i]
-    budget = 16 * n  # moves allowed to the insertion pass before it gives up (times crowded in few buckets)
-    for i in range(1, n):  # within a bucket: insertion by exact time (strictly greater moves), as _radix_order
-        t = ordered[i]
-        if ordered[i - 1] > t:
-            j = order[i]
-            k = i - 1
-            while k >= 0 and ordered[k] > t:
-                ordered[k + 1] = ordered[k]
-                order[k + 1] = order[k]
-                k -= 1
-            ordered[k + 1] = t
-            order[k + 1] = j
-            budget -= i - k
-            if budget < 0:
-                order = _radix_order(times)
-                for m in range(n):
-                    ordered[m] = times[order[m]]
-                return order
+    # within a bucket: insertion by exact time, as _radix_order, unless the times crowd into few buckets
+    if not _insertion_pass(ordered, order, 16 * n):
+        return _radix_fallback(times, ordered)
     return order
 
 
