@@ -24,6 +24,7 @@ from tag.grouping import (
     repair_acyclic,
     split_group,
 )
+from tag.grouping.group_graph import resolve_gpus
 from tag.grouping.metis import GroupSplitter
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pipedream-profiles"
@@ -333,6 +334,12 @@ def test_group_splitter_reuses_its_setup_and_matches_split_group():
         splitter.split([1, 0])
     with pytest.raises(GroupingError, match="repeated op ids"):
         GroupSplitter(graph, [3, 3])
+    # op times handed over (a caller splitting many groups of one graph): the same answer; a wrong size refused
+    given = GroupSplitter(graph, ops, op_times=CostModel().op_times(graph, resolve_gpus(None)[0]))
+    for speeds in speed_sets:
+        np.testing.assert_array_equal(given.split(speeds, seed=5), split_group(graph, ops, speeds, seed=5))
+    with pytest.raises(GroupingError, match="one entry per op"):
+        GroupSplitter(graph, ops, op_times=np.ones(3))
 
 
 @pytest.mark.parametrize("speeds", [[], [1, 0], [1, -2], [1, math.inf]])
@@ -425,3 +432,5 @@ def test_dag_order_and_quotient_check_against_plain_kahn():
     with pytest.raises(GraphError, match="cycle through 3 of its 4 nodes"):
         dag_order(4, np.array([0, 1, 2, 3]), np.array([1, 2, 3, 1]))
     assert not quotient_is_dag(np.array([0, 2]), np.array([1, 3]), np.array([0, 1, 1, 0]))
+    with pytest.raises(GroupingError, match="non-negative"):
+        quotient_is_dag(np.array([0]), np.array([1]), np.array([-1, 0]))

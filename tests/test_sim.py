@@ -486,7 +486,6 @@ def test_radix_order_is_a_stable_sort():
     assert kernels._radix_order(np.zeros(0)).size == 0
 
 
-
 @pytest.mark.parametrize("case", ["spread", "coarse", "crowded", "infinite", "tiny"])
 def test_bucket_order_is_a_stable_sort(case):
     """peak_memory's bucket sort against a stable argsort: times spread out, coarse (many ties inside and
@@ -504,6 +503,7 @@ def test_bucket_order_is_a_stable_sort(case):
         order = kernels._bucket_order(sample, ordered)
         np.testing.assert_array_equal(order, np.argsort(sample, kind="stable"))
         np.testing.assert_array_equal(ordered, sample[order])
+
 
 def _plain_peak_memory(num_devices, device, nbytes, persistent, alloc, free):
     """Peak memory as the kernel's predecessor computed it: bincount of the persistent bytes, plus a sweep of
@@ -537,11 +537,13 @@ def test_peak_memory_kernel_by_hand():
         np.testing.assert_array_equal(peak, [16.0, 7.0])
 
 
-@pytest.mark.parametrize("lagged", [False, True])
-def test_peak_memory_kernel_equals_bincount_plus_sorted_sweep(lagged):
+@pytest.mark.parametrize("lagged, lockstep", [(False, False), (True, False), (False, True)])
+def test_peak_memory_kernel_equals_bincount_plus_sorted_sweep(lagged, lockstep):
     """The one-pass kernel against the path it replaced, bit for bit: many equal times (frees before
-    allocations at one instant), persistent tensors mixed in, tensors without a producer or readers."""
-    rng = np.random.default_rng(7 + lagged)
+    allocations at one instant), persistent tensors mixed in, tensors without a producer or readers; and
+    tensors of replicas in lockstep (runs of 4 consecutive tensors with equal times, as the kernel sorts
+    runs as one key)."""
+    rng = np.random.default_rng(7 + lagged + 2 * lockstep)
     num_tasks, num_tensors, num_reads, num_devices = 300, 400, 700, 5
     start = np.round(rng.random(num_tasks) * 20) / 4  # coarse times: ties everywhere
     duration = np.where(rng.random(num_tasks) < 0.3, 0.0, np.round(rng.random(num_tasks) * 8) / 4)
@@ -551,6 +553,10 @@ def test_peak_memory_kernel_equals_bincount_plus_sorted_sweep(lagged):
     persistent = rng.random(num_tensors) < 0.2
     producer = np.where(persistent | (rng.random(num_tensors) < 0.1), -1, rng.integers(0, num_tasks, num_tensors))
     reader_tensor, reader_task = rng.integers(0, num_tensors, num_reads), rng.integers(0, num_tasks, num_reads)
+    if lockstep:  # tensors 4k..4k+3: one producer, the same readers, one persistence
+        producer, persistent = np.repeat(producer[::4], 4), np.repeat(persistent[::4], 4)
+        reader_tensor = (np.repeat(reader_tensor // 4 * 4, 4) + np.tile(np.arange(4), num_reads))[:num_reads]
+        reader_task = np.repeat(reader_task, 4)[:num_reads]
     lags = ((rng.random(num_tensors) * duration[np.maximum(producer, 0)] / 2,
              duration[np.maximum(producer, 0)], duration[reader_task]) if lagged else (np.zeros(0),) * 3)
     alloc, free = kernels.tensor_lifetimes(producer, lags[0], lags[1], reader_tensor, reader_task, lags[2], start,

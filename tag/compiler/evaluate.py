@@ -556,12 +556,13 @@ class StrategyEvaluator:
         self._skeleton_lists: dict[tuple, list] = {}  # (kind set, P's row, C's row) -> _pair_skeletons' list
         # each skeleton list's rows in the skeleton store, one list after another (a list keeps its first)
         self._list_rows = _Columns({"row": (np.int64, "row")})
-        self._pair_static: dict[tuple[int, int], _PairBundles] = {}  # replicated pairs' bundles, stored in:
-        self._bundles = _BundleStore()
+        self._pair_static: dict[tuple[int, int], _PairBundles] = {}  # replicated pairs' bundles (in the store)
+        self._bundles = _BundleStore()  # every pair's bundles, model-parallel pairs' once per build
         # per fragment id, its compute block as pair fragments read it (rows of pair fragments unused): its
         # replicas R, whether it is model-parallel, its group, the tasks and tensors it numbers, its first
         # device and unit in the block store (devices: a replicated block's R replicas, a model-parallel one's
-        # pieces; units: each unit's or piece's first output tensor, -1), and [D] index (replica of each device)
+        # pieces; units: each unit's or piece's first output tensor, -1), and its row of _block_index
+        # ([blocks, D] replica of each device, -1: one row per block, not per fragment id)
         self._block_replicas = np.zeros(1024, dtype=np.int64)
         self._block_mp = np.zeros(1024, dtype=np.bool_)
         self._block_group = np.zeros(1024, dtype=np.int64)
@@ -569,7 +570,9 @@ class StrategyEvaluator:
         self._block_tensors = np.zeros(1024, dtype=np.int64)
         self._block_device0 = np.zeros(1024, dtype=np.int64)
         self._block_unit0 = np.zeros(1024, dtype=np.int64)
-        self._block_index = np.zeros((1024, self.cluster.num_devices), dtype=np.int64)
+        self._block_row = np.zeros(1024, dtype=np.int64)
+        self._block_index = np.zeros((256, self.cluster.num_devices), dtype=np.int64)
+        self._num_blocks = 0
         self._block_store = _Columns({"device": (np.int64, "device"), "tensor_first": (np.int64, "unit")})
         self._last_ids: tuple[np.ndarray | None, np.ndarray | None] = (None, None)  # ([G] group, [P] pair fragments)
         self._last_groups: tuple | None = None  # ([G] row codes, [G] options, batch split, [G] group fragments)
@@ -579,8 +582,9 @@ class StrategyEvaluator:
         """Simulate ``strategy`` (see the class docstring); ``feedback=False`` skips Table 1's feedback,
         ``raise_on_oom`` raises :class:`~tag.sim.OOMError` for a device over its memory."""
         self._check(strategy)
-        if (self._arena.cached_tasks > self.max_cached_tasks
-                or self._skeletons.size["transfer"] > self.max_cached_tasks):
+        bound = self.max_cached_tasks
+        if (self._arena.cached_tasks > bound or self._skeletons.size["transfer"] > bound
+                or self._bundles.size["bundle"] > bound):
             self._clear()
             self.context.plans.clear()  # what the Python path cached for these fragments
             self.context.skeletons.clear()
@@ -810,11 +814,15 @@ class StrategyEvaluator:
         and its units' first output tensors (``unit_counts``), and index [F, D] (replica of each device, -1)."""
         f = len(groups)
         end = first + f
+        assert first == len(self._block_of), "fragment ids and recorded blocks out of step"
         for name in ("_block_replicas", "_block_mp", "_block_group", "_block_tasks", "_block_tensors",
-                     "_block_device0", "_block_unit0"):
+                     "_block_device0", "_block_unit0", "_block_row"):
             setattr(self, name, _grown(getattr(self, name), end, 0))
-        if end > self._block_index.shape[0]:
-            grown = np.zeros((max(2 * self._block_index.shape[0], end), self._block_index.shape[1]), dtype=np.int64)
+        rows = self._num_blocks + np.arange(f)
+        self._num_blocks += f
+        if self._num_blocks > self._block_index.shape[0]:
+            grown = np.zeros((max(2 * self._block_index.shape[0], self._num_blocks), self._block_index.shape[1]),
+                             dtype=np.int64)
             grown[:self._block_index.shape[0]] = self._block_index
             self._block_index = grown
         stored = self._block_store.extend({"device": devices, "tensor_first": tensor_first},
@@ -826,7 +834,8 @@ class StrategyEvaluator:
         self._block_tensors[first:end] = tensors
         self._block_device0[first:end] = stored["device"] + np.cumsum(device_counts) - device_counts
         self._block_unit0[first:end] = stored["unit"] + np.cumsum(unit_counts) - unit_counts
-        self._block_index[first:end] = index
+        self._block_row[first:end] = rows
+        self._block_index[rows] = index
 
     def _compile_replicated(self, layouts: list[GroupLayout]) -> list[int]:
         """The group fragments of F replicated layouts, returning their ids. One call of
@@ -849,8 +858,8 @@ class StrategyEvaluator:
         ends = np.cumsum(counts[:, :5], axis=0)
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
         replicas = np.diff(device_ptr)
-        self._add_blocks(len(self._block_of), False, groups, replicas, counts[:, 0], counts[:, 5], device_list,
-                         replicas, tensor_first, units, index)
+        self._add_blocks(self._arena.num_fragments, False, groups, replicas, counts[:, 0], counts[:, 5],
+                         device_list, replicas, tensor_first, units, index)  # the ids the arena gives next
         fragments = []
         if self._merging:
             rows = {"duration": np.concatenate([unit_durations(self.tables, self.context, layout).reshape(-1)
@@ -983,7 +992,7 @@ class StrategyEvaluator:
          read_task, counts) = _pair_fragments(
             first_bundle, bundle_end, list_first, *self._bundles.arrays(), self._list_rows.view("row"),
             *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, self._block_replicas,
-            self._block_mp, self._block_index, self._block_device0, self._block_unit0,
+            self._block_mp, self._block_row, self._block_index, self._block_device0, self._block_unit0,
             self._block_store.view("device"), self._block_store.view("tensor_first"), np.where(same, 0, tasks_p),
             first_task, first_tensor,
             np.array(collective_ptr, dtype=np.int64), np.array(collective_bundle, dtype=np.int64),
@@ -1051,12 +1060,13 @@ class StrategyEvaluator:
             plans.append((devices, collective_resources(context, devices), skeleton.collectives, ring, servers))
         return plans
 
-    def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[tuple, list]:
+    def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[_PairBundles, list]:
         """What a pair fragment is made from: the bundles as arrays (:meth:`_bundle_arrays`) and the skeleton
-        of each kind of bundle, as [skeletons, their rows in the store (None until stored), their collective
-        plans (:meth:`_collective_plans`)]. One compiler, given the pair's two layouts, makes the skeletons
-        (its caches are the context's). A skeleton depends on a bundle only through its kind, so pairs with
-        the same kinds of bundles (repeated layers) between layouts of the same rows share the list."""
+        of each kind of bundle, as [skeletons, the first of their rows in the list store (None until
+        stored), their collective plans (:meth:`_collective_plans`)]. One compiler, given the pair's two
+        layouts, makes the skeletons (its caches are the context's). A skeleton depends on a bundle only
+        through its kind, so pairs with the same kinds of bundles (repeated layers) between layouts of the
+        same rows share the list."""
         layout_p, layout_c = self._block_of[fragment_p].layout, self._block_of[fragment_c].layout
         static = self._static_bundles((layout_p.group, layout_c.group), layout_p, layout_c)
         key = (static.kind_set, layout_p.key[1:], layout_c.key[1:])
@@ -1250,8 +1260,8 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
     (indexed by group) and ``pair_fragment`` [P] (pairs pair_p [P] -> pair_c [P]), laid out as
     compile_strategy lays out its tasks: compute blocks in ``group_order``, then the pairs' early tasks, then
     their late tasks. A compact fragment's rows are computed from its replicas' devices (``c_device``, of GPU
-    type ``device_type``) and batch fractions (``c_fraction``), as its layout computes its durations and
-    output bytes (:func:`~tag.compiler.layout.group_layout`) and :func:`_replica_rows` lists its rows for
+    type ``device_type``) and batch fractions (``c_fraction``), as :func:`~tag.compiler.layout.unit_durations`
+    computes its durations and the compiler its output bytes, and :func:`_replica_rows` lists its rows for
     :func:`_replica_fragments`: its group's units (``unit_ids``, CSR ``unit_ptr``, ``unit_rank``) with their
     times (``unit_time_*``) and output bytes (``unit_out_*``), the pairs of them that read each other
     (``local_*``) and its persistent bytes."""
@@ -1560,7 +1570,8 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
                     consumer_first, consumer_end, category_bytes, category_count, bundle_consumer, list_rows,
                     sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts,
                     tr_first_counted, tr_counted, part_category, part_fraction, counted_category, sk_local,
-                    num_devices, fragment_p, fragment_c, block_replicas, block_mp, block_index, block_device0,
+                    num_devices, fragment_p, fragment_c, block_replicas, block_mp, block_row, block_index,
+                    block_device0,
                     block_unit0, block_device, block_tensor_first, c_shift, first_task, first_tensor,
                     pair_collective_ptr, collective_bundle, holder_ptr, holders, collective_duration,
                     collective_res_ptr, collective_res, alpha, beta, nic_out, nic_in, link_base):
@@ -1576,9 +1587,9 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
     :class:`_Skeletons`. Blocks, by group fragment id (P's is ``fragment_p[m]``, C's ``fragment_c[m]``): R
     (``block_replicas``) tasks per unit (unit u's replica r is task u * R + r), a replicated block's on its
     R devices (``block_device`` from ``block_device0``); a model-parallel group's (``block_mp``) units are
-    its pieces, R = 1, piece u on the u-th of its devices; ``block_index`` [F, D] (replica of each device,
-    -1; read when R > 1); the first output tensor of each unit (-1) in ``block_tensor_first`` from
-    ``block_unit0``. Collectives: pair m's are
+    its pieces, R = 1, piece u on the u-th of its devices; ``block_index`` [blocks, D] (replica of each
+    device, -1; read when R > 1) at row ``block_row``; the first output tensor of each unit (-1) in
+    ``block_tensor_first`` from ``block_unit0``. Collectives: pair m's are
     ``pair_collective_ptr[m]:pair_collective_ptr[m + 1]``: bundle (a row of the bundle store), devices
     (``holders``, CSR), seconds, resources (CSR). Returns (duration, kind, nres, res, dep_task, dep_on,
     tensor_device, tensor_bytes, tensor_producer, read_tensor, read_task, counts [M, 6]: tasks, resources,
@@ -1629,7 +1640,7 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
         fp, fc = fragment_p[m], fragment_c[m]
         r_c = block_replicas[fc]
         p_r = block_replicas[fp]
-        index = block_index[fp]
+        index = block_index[block_row[fp]]
         p_mp, c_mp = block_mp[fp], block_mp[fc]
         p_devices = block_device[block_device0[fp]:]
         c_devices = block_device[block_device0[fc]:]

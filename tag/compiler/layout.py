@@ -226,7 +226,8 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, key: tuple) ->
 
 def unit_durations(tables: CompilerTables, context: ClusterContext, layout: GroupLayout) -> np.ndarray:
     """[units of the group, R] compute seconds of a replicated layout's units on its replicas (computed on
-    demand: the search's evaluator computes them in its assembly kernel instead)."""
+    demand, for the compiler's compute blocks and merged chunks; the search's evaluator computes a compact
+    fragment's in its assembly kernel)."""
     per_group = context.unit_tables.get(layout.group)
     if per_group is None:
         units = tables.group_units[layout.group]

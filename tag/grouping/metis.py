@@ -377,8 +377,11 @@ class GroupSplitter:
         if np.unique(ops).size != ops.size:
             raise GroupingError("split_group: repeated op ids in the group")
         self.graph, self.ops, self._cost, self._gpu = graph, ops, cost, gpu
-        # [N] every op's seconds on the GPU (``cost.op_times(graph, gpu)``), given by a caller that splits many
-        # groups of one graph, or computed on first use
+        # [N] every op's seconds on the GPU, ``cost.op_times(graph, gpu)``: given by a caller that splits many
+        # groups of one graph (it then stands for ``cost`` and ``gpu``), or computed on first use
+        if op_times is not None and np.shape(op_times) != (graph.num_ops,):
+            raise GroupingError(f"split_group: op_times must have one entry per op ({graph.num_ops}), "
+                                f"got shape {np.shape(op_times)}")
         self._op_times = op_times
         self._setup: tuple | None = None  # (weight [n], src [e], dst [e], edge_bytes [e], order [n])
         self._metis: tuple | None = None  # _metis_graph of the group

@@ -536,9 +536,10 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
     # [T] the list in which each task was last met: a while finding its largest lag there, -2 - a once summed
     seen = np.full(group.size, -1, dtype=np.int32)
     largest = np.empty(group.size if lagged else 0)  # [T] the largest lag of its dependency in that list
-    if by_predecessor and edge_ptr.size > 1 and edge_ptr[edge_ptr.size - 1] < 2**31:
+    if by_predecessor and not lagged and edge_ptr.size > 1 and edge_ptr[edge_ptr.size - 1] < 2**31:
         # only dependencies into a non-compute task feed a wait: find them in one flat pass over the edges
         # (branch-free compaction: a loop per list mispredicts its exit once per task), then their lists
+        # (with lags, where a dependency's largest lag in its list is wanted, the two passes below)
         lo = np.int64(edge_ptr[0])
         hi = np.int64(edge_ptr[edge_ptr.size - 1])
         hits = np.empty(max(hi - lo, 0), dtype=np.int32)  # int32 (edges < 2**31): half the bytes written
@@ -557,14 +558,7 @@ def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res
             if seen[other] == -2 - a:
                 continue  # listed before in a's list: counted once, at its first place
             seen[other] = -2 - a
-            if lagged:
-                lag = edge_lag[k]  # its largest lag in a's list, found as the two-pass loop below finds it
-                for k2 in range(k + 1, edge_ptr[a + 1]):
-                    if edge_end[k2] == other and edge_lag[k2] > lag:
-                        lag = edge_lag[k2]
-                wait[group[a]] += start[other] - (start[a] + lag)
-            else:
-                wait[group[a]] += start[other] - finish[a]
+            wait[group[a]] += start[other] - finish[a]
             count[group[a]] += 1
         return first, last, wait, count, busy
     for a in range(edge_ptr.size - 1):
