@@ -38,8 +38,8 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tag._compiled import id_pop, id_push, jit
 from tag.errors import GraphError
-from tag.sim.kernels import _id_pop, _id_push, _jit
 from tag.grouping.errors import GroupingError
 
 __all__ = ["repair_acyclic", "refine_acyclic", "RepairStats", "topological_chunks", "edge_cut", "quotient_is_dag",
@@ -67,7 +67,7 @@ def dag_order(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     return order
 
 
-@_jit
+@jit
 def _kahn_order(ptr, succ, indegree):
     """(order [K], nodes placed) of Kahn's algorithm over the successor CSR ``ptr`` [K+1] / ``succ``, the
     ready node of least index first (a min-heap of node ids); fewer than K placed: a cycle."""
@@ -81,14 +81,14 @@ def _kahn_order(ptr, succ, indegree):
     order = np.empty(num_nodes, dtype=np.int64)
     placed = 0
     while size > 0:
-        node, size = _id_pop(heap, size)
+        node, size = id_pop(heap, size)
         order[placed] = node
         placed += 1
         for k in range(ptr[node], ptr[node + 1]):
             nxt = succ[k]
             indegree[nxt] -= 1
             if indegree[nxt] == 0:
-                size = _id_push(heap, size, nxt)
+                size = id_push(heap, size, nxt)
     return order, placed
 
 
@@ -101,7 +101,7 @@ def quotient_is_dag(src: np.ndarray, dst: np.ndarray, labels: np.ndarray) -> boo
     return bool(_quotient_is_dag(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), labels, num))
 
 
-@_jit
+@jit
 def _quotient_is_dag(src, dst, labels, num):
     """:func:`quotient_is_dag` over ``num`` labels: Kahn's algorithm over the edges between classes."""
     ptr = np.zeros(num + 1, dtype=np.int64)

@@ -64,6 +64,7 @@ from torch import Tensor, nn
 from torch_geometric.nn import GATv2Conv
 
 from tag._atomic import atomic_open
+from tag._compiled import jit as _jit
 from tag.errors import OutputError
 from tag.exact.mapping import ALLREDUCE, P2P, MappingProblem
 from tag.policy.checkpoint import load_weights, read_checkpoint
@@ -872,19 +873,6 @@ class MappingDecoder:
 
 
 # --------------------------------------------------------------------------------------- the greedy kernel
-
-try:  # numba is a dependency (tag.sim.kernels); without it the kernel runs as plain Python, slowly
-    if os.environ.get("TAG_NO_NUMBA"):
-        raise ImportError("TAG_NO_NUMBA is set")
-    import numba
-
-    def _jit(function: Any) -> Any:
-        return numba.njit(cache=True, nogil=True)(function)
-except ImportError:  # pragma: no cover - exercised only without numba
-
-    def _jit(function: Any) -> Any:
-        return function
-
 
 @_jit
 def _segment_max(score, target, num_nodes):  # pragma: no cover - compiled

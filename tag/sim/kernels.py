@@ -13,31 +13,16 @@ the pure-Python loops they replace.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from tag._compiled import COMPILED, id_pop as _id_pop, id_push as _id_push, jit as _jit
 from tag.sim.taskgraph import RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COMPUTE
+
+if COMPILED:
+    import numba
 
 __all__ = ["COMPILED", "list_schedule", "successors_csr", "successor_lists", "tensor_lifetimes", "peak_memory",
            "feedback_sums", "feedback_tables", "merge_chunks", "int_table", "table_look_up", "table_store"]
-
-try:  # numba is a dependency; the fallback keeps the package importable where it cannot be installed
-    if os.environ.get("TAG_NO_NUMBA"):
-        raise ImportError("TAG_NO_NUMBA is set")
-    import numba
-
-    def _jit(function):
-        return numba.njit(cache=True, nogil=True)(function)
-
-    COMPILED = True
-except ImportError:  # pragma: no cover - exercised only without numba
-
-    def _jit(function):
-        return function
-
-    COMPILED = False
-
 
 # ------------------------------------------------------------------------------------------- int64 tables
 
@@ -96,40 +81,6 @@ else:  # pragma: no cover - exercised only without numba
 
     def _lowest_bucket(nonempty):
         return (int(nonempty) & -int(nonempty)).bit_length() - 1
-
-
-@_jit
-def _id_push(heap, size, task):
-    """Insert ``task`` into the min-heap of ids ``heap[:size]``; returns the new size."""
-    position = size
-    while position > 0:
-        parent = (position - 1) // 2
-        if heap[parent] < task:
-            break
-        heap[position] = heap[parent]
-        position = parent
-    heap[position] = task
-    return size + 1
-
-
-@_jit
-def _id_pop(heap, size):
-    """(smallest id, new size) of the min-heap of ids ``heap[:size]``, which loses it."""
-    top = heap[0]
-    size -= 1
-    task = heap[size]
-    position = 0
-    child = 1
-    while child < size:
-        if child + 1 < size and heap[child + 1] < heap[child]:
-            child += 1
-        if task < heap[child]:
-            break
-        heap[position] = heap[child]
-        position = child
-        child = 2 * position + 1
-    heap[position] = task
-    return top, size
 
 
 # ------------------------------------------------------------------------------------------- scheduling
