@@ -230,11 +230,7 @@ class _Arena(_Columns):
 
     def _set_meta(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """The fragment table's rows of the fragments ``ids`` (ascending)."""
-        needed = int(ids[-1]) + 1 if len(ids) else 0
-        if needed > self.meta.shape[0]:
-            grown = np.zeros((max(2 * self.meta.shape[0], needed), _META), dtype=np.int64)
-            grown[:self.meta.shape[0]] = self.meta
-            self.meta = grown
+        self.meta = _grown(self.meta, int(ids[-1]) + 1 if len(ids) else 0, 0)
         self.meta[ids] = rows
 
     @property
@@ -438,16 +434,15 @@ class _Assembled(NamedTuple):
 
 
 class _GroupBlock(NamedTuple):
-    """A group fragment's compute block, as pair fragments refer to it. R replicas."""
+    """A group fragment's compute block, as the Python side of pair fragments reads it (its layout, and how
+    merged chunks move a pair's references); what the kernel reads is in the evaluator's block arrays."""
 
     layout: GroupLayout
-    tasks: int  # compute tasks, one per chunk (unit) and replica, as pair fragments are built against them
-    tensors: int  # their output tensors (numbered first; the persistent ones follow)
-    merged: int  # tasks once the chunks of each part are merged (what the arena stores)
+    tensors: int  # its compute tasks' output tensors (numbered first; the persistent ones follow)
+    merged: int  # its tasks once the chunks of each part are merged (what the arena stores)
     new_id: np.ndarray | None  # [tasks] merged task of each chunk task (None: no chunks are merged)
     start_lag: np.ndarray | None  # [tasks] where each chunk task starts inside its merged task (seconds)
     end_lag: np.ndarray | None  # [tasks] where it ends
-    replicas: int  # R: tasks per unit (1 for a model-parallel group, whose units are its pieces)
 
 
 class StrategyEvaluator:
@@ -550,7 +545,7 @@ class StrategyEvaluator:
         self._group_fragments: list[dict] = [{} for _ in range(self.group_graph.num_groups)]  # [G] key -> id
         self._pair_table = int_table()  # (group fragment of P) << 32 | (of C) -> the pair fragment's id
         self._templates = int_table()  # template (class, P's row, C's row as bits) -> the pair fragment's id
-        self._fragment_row = np.full(1024, -1, dtype=np.int64)  # fragment id -> its layout's row id, -1: none
+        self._fragment_row = np.full(1024, -1, dtype=np.int64)  # group fragment id -> its layout's row id, -1
         self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
         self._skeletons = _Skeletons(self.cluster.num_devices)
         self._skeleton_lists: dict[tuple, list] = {}  # (kind set, P's row, C's row) -> _pair_skeletons' list
@@ -692,7 +687,6 @@ class StrategyEvaluator:
         all at once). The rest are built: the skeletons of each first, stored in one go, then the
         fragments, in pair order, by one :meth:`_compile_pairs`."""
         out = np.full(pairs.size, -1, dtype=np.int64)
-        self._fragment_row = _grown(self._fragment_row, self._arena.num_fragments, -1)
         row_p, row_c = self._fragment_row[fragments_p], self._fragment_row[fragments_c]  # [M] -1: no template
         templated = np.flatnonzero((row_p >= 0) & (row_c >= 0))
         build = np.flatnonzero((row_p < 0) | (row_c < 0))  # positions of the pairs to build
@@ -802,29 +796,29 @@ class StrategyEvaluator:
         self._add_blocks(fragment, True, np.array([layout.group]), np.ones(1, dtype=np.int64), np.array([block[2]]),
                          np.array([block[3]]), piece_device, np.array([piece_device.size]), tensor_first,
                          np.array([tensor_first.size]), np.full((1, self.cluster.num_devices), -1, dtype=np.int64))
-        self._block_of.append(_GroupBlock(layout, block[2], block[3], num_merged, new_id, start_lag, end_lag, 1))
+        self._block_of.append(_GroupBlock(layout, block[3], num_merged, new_id, start_lag, end_lag))
         return fragment
 
     def _add_blocks(self, first: int, model_parallel: bool, groups: np.ndarray, replicas: np.ndarray,
                     tasks: np.ndarray, tensors: np.ndarray, devices: np.ndarray, device_counts: np.ndarray,
-                    tensor_first: np.ndarray, unit_counts: np.ndarray, index: np.ndarray) -> None:
+                    tensor_first: np.ndarray, unit_counts: np.ndarray, index: np.ndarray,
+                    template_rows: Any = -1) -> None:
         """Record the compute blocks of the group fragments ``first``, ``first + 1``, ... (F of them, all
         model-parallel or all replicated) as :func:`_pair_fragments` reads them: groups, replicas, tasks and
         tensors [F], each one's devices (replicas or pieces: ``device_counts`` [F] of them, one after another)
-        and its units' first output tensors (``unit_counts``), and index [F, D] (replica of each device, -1)."""
+        and its units' first output tensors (``unit_counts``), and index [F, D] (replica of each device, -1);
+        and each one's layout row for templates (:meth:`_row_of`; -1: none)."""
         f = len(groups)
         end = first + f
         assert first == len(self._block_of), "fragment ids and recorded blocks out of step"
         for name in ("_block_replicas", "_block_mp", "_block_group", "_block_tasks", "_block_tensors",
                      "_block_device0", "_block_unit0", "_block_row"):
             setattr(self, name, _grown(getattr(self, name), end, 0))
+        self._fragment_row = _grown(self._fragment_row, end, -1)
+        self._fragment_row[first:end] = template_rows
         rows = self._num_blocks + np.arange(f)
         self._num_blocks += f
-        if self._num_blocks > self._block_index.shape[0]:
-            grown = np.zeros((max(2 * self._block_index.shape[0], self._num_blocks), self._block_index.shape[1]),
-                             dtype=np.int64)
-            grown[:self._block_index.shape[0]] = self._block_index
-            self._block_index = grown
+        self._block_index = _grown(self._block_index, self._num_blocks, 0)
         stored = self._block_store.extend({"device": devices, "tensor_first": tensor_first},
                                           {"device": devices.size, "unit": tensor_first.size})
         self._block_replicas[first:end] = replicas
@@ -858,8 +852,10 @@ class StrategyEvaluator:
         ends = np.cumsum(counts[:, :5], axis=0)
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
         replicas = np.diff(device_ptr)
+        # the ids the arena gives next; templates only where the fragments are compact
         self._add_blocks(self._arena.num_fragments, False, groups, replicas, counts[:, 0], counts[:, 5],
-                         device_list, replicas, tensor_first, units, index)  # the ids the arena gives next
+                         device_list, replicas, tensor_first, units, index,
+                         -1 if self._merging else [self._row_of(layout) for layout in layouts])
         fragments = []
         if self._merging:
             rows = {"duration": np.concatenate([unit_durations(self.tables, self.context, layout).reshape(-1)
@@ -871,8 +867,6 @@ class StrategyEvaluator:
         else:  # compact: _assemble computes the rows from the layouts' devices and fractions
             first = self._arena.add_compact(groups, replicas, device_list, fractions, counts[:, :5])
             fragments = list(range(first, first + len(layouts)))
-            self._fragment_row = _grown(self._fragment_row, first + len(layouts), -1)
-            self._fragment_row[first:first + len(layouts)] = [self._row_of(layout) for layout in layouts]
         for f, layout in enumerate(layouts):
             tasks, tensors = int(counts[f, 0]), int(counts[f, 5])
             new_id = start_lag = end_lag = None
@@ -884,8 +878,7 @@ class StrategyEvaluator:
                 one, new_id, start_lag, end_lag = self._merge_group(one, merge_key)
                 merged = len(one["duration"])
                 fragments.append(self._arena.add(one, (0, 0, 0, 0), merged))
-            self._block_of.append(_GroupBlock(layout, tasks, tensors, merged, new_id, start_lag, end_lag,
-                                              len(layout.devices)))
+            self._block_of.append(_GroupBlock(layout, tensors, merged, new_id, start_lag, end_lag))
         return fragments
 
     def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, Any, Any, Any]:
@@ -1209,11 +1202,11 @@ def _interned(ids: dict, key: Any, bits: int) -> int:
 
 
 def _grown(array: np.ndarray, size: int, fill) -> np.ndarray:
-    """``array`` if it holds ``size`` entries, else a copy at least twice as long, new entries ``fill``."""
-    if array.size >= size:
+    """``array`` if it holds ``size`` rows, else a copy with at least twice as many, new rows ``fill``."""
+    if len(array) >= size:
         return array
-    grown = np.full(max(2 * array.size, size), fill, dtype=array.dtype)
-    grown[:array.size] = array
+    grown = np.full((max(2 * len(array), size),) + array.shape[1:], fill, dtype=array.dtype)
+    grown[:len(array)] = array
     return grown
 
 

@@ -256,11 +256,19 @@ def tensor_lifetimes(producer, alloc_lag, free_lag, reader_tensor, reader_task, 
     start). producer [N] task or -1; readers as pairs (reader_tensor [K], reader_task [K]). With lags 0,
     the producer's duration and the reader's duration these are the start and finish times, bit for bit;
     empty lags mean exactly that (start and finish [T] are read instead)."""
-    n = producer.size
+    alloc = np.zeros(producer.size)
+    free = np.zeros(producer.size)
+    _lifetimes_into(alloc, free, producer, alloc_lag, free_lag, reader_tensor, reader_task, reader_lag, start,
+                    finish)
+    return alloc, free
+
+
+@_jit
+def _lifetimes_into(alloc, free, producer, alloc_lag, free_lag, reader_tensor, reader_task, reader_lag, start,
+                    finish):
+    """:func:`tensor_lifetimes` written into ``alloc`` and ``free`` [N] (zeros), which may be views."""
     lagged = alloc_lag.size > 0
-    alloc = np.zeros(n)
-    free = np.zeros(n)
-    for i in range(n):
+    for i in range(producer.size):
         if producer[i] >= 0:
             alloc[i] = start[producer[i]] + alloc_lag[i] if lagged else start[producer[i]]
             free[i] = start[producer[i]] + free_lag[i] if lagged else finish[producer[i]]
@@ -268,7 +276,6 @@ def tensor_lifetimes(producer, alloc_lag, free_lag, reader_tensor, reader_task, 
         t = start[reader_task[k]] + reader_lag[k] if lagged else finish[reader_task[k]]
         if t > free[reader_tensor[k]]:
             free[reader_tensor[k]] = t
-    return alloc, free
 
 
 @_jit
@@ -396,20 +403,12 @@ def peak_memory(num_devices, tensor_device, tensor_bytes, tensor_persistent, pro
     frees before allocations at equal times (the reference's per-instant counting): a sweep of their frees,
     then their allocations, in a stable order of time."""
     n = producer.size
-    lagged = alloc_lag.size > 0
-    # [2n] every tensor's free, then its allocation (tensor_lifetimes written in place); persistent tensors
+    # [2n] every tensor's free, then its allocation (the lifetimes written in place); persistent tensors
     # stay in at time 0 and are skipped by the sweep: a stable order of a superset orders the transient
     # events as one of them alone would, so the order is the original one
     times = np.zeros(2 * n)
-    for i in range(n):
-        p = producer[i]
-        if p >= 0:
-            times[n + i] = start[p] + alloc_lag[i] if lagged else start[p]
-            times[i] = start[p] + free_lag[i] if lagged else finish[p]
-    for k in range(reader_tensor.size):
-        t = start[reader_task[k]] + reader_lag[k] if lagged else finish[reader_task[k]]
-        if t > times[reader_tensor[k]]:
-            times[reader_tensor[k]] = t
+    _lifetimes_into(times[n:], times[:n], producer, alloc_lag, free_lag, reader_tensor, reader_task, reader_lag,
+                    start, finish)
     persistent = np.zeros(num_devices)
     for i in range(n):
         if tensor_persistent[i]:
