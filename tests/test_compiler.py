@@ -295,6 +295,75 @@ def test_model_parallel_group_cuts_become_transfers(bert_tiny):
     check_compiled(plan)
 
 
+def _bundles_use_by_use(tables, use_ids, op_unit, skip_local, op_device):
+    """make_bundles as a plain loop over the uses (its definition), to check the array version against."""
+    from tag.compiler.tables import NO_UNIT, Bundle, always_local
+
+    found = {}
+    for q in np.asarray(use_ids).tolist():
+        p = int(tables.use_producer[q])
+        unit_p, group_p, group_c = int(op_unit[p]), int(tables.group_graph.assignment[p]), int(tables.use_group[q])
+        pclass, demand, consumers = int(tables.use_pclass[q]), int(tables.use_demand[q]), tables.use_consumers[q]
+        if skip_local and group_p == group_c:
+            consumers = consumers[op_unit[consumers] != unit_p]
+            if consumers.size == 0:
+                continue
+            demand = int(tables.op_demand[consumers].max())
+            if always_local(pclass, demand):
+                continue
+        unit = unit_p if unit_p != NO_UNIT else NO_UNIT - 1 - p
+        key = (group_p, unit, op_device.get(p, -1) if op_device is not None else -1, group_c,
+               tuple(sorted(set(op_unit[consumers].tolist()))))
+        entry = found.setdefault(key, {}).setdefault((pclass, demand), [0.0, 0, []])
+        entry[0] += float(tables.use_bytes[q])
+        entry[1] += bool(tables.use_bytes[q] > 0)
+        entry[2].append(q)
+    bundles = {}
+    for (group_p, unit, device, group_c, units), categories in found.items():
+        cats = sorted(categories)
+        bundles.setdefault((group_p, group_c), []).append(Bundle(
+            group_p, max(unit, NO_UNIT), device, group_c, units, tuple(c[0] for c in cats), tuple(c[1] for c in cats),
+            tuple(categories[c][0] for c in cats), tuple(categories[c][1] for c in cats),
+            tuple(tuple(categories[c][2]) for c in cats)))
+    return bundles
+
+
+@pytest.mark.parametrize("granularity", ["group", "merged", "part", "op"])
+def test_make_bundles_equals_a_use_by_use_loop(bert_tiny, granularity):
+    """make_bundles (array operations) gives the loop's bundles, in its order, with Python numbers: over all
+    uses with static units, and per pair with a model-parallel group's ops on random pieces and devices."""
+    from tag.compiler.tables import compiler_tables, make_bundles
+
+    gg, cluster = bert_tiny
+    tables = compiler_tables(gg, cluster, gg.cost, granularity)
+    uses = np.arange(tables.use_producer.size)
+    expected = _bundles_use_by_use(tables, uses, tables.op_unit, True, None)
+    assert list(tables.bundles.items()) == list(expected.items())
+    rng = np.random.default_rng(5)
+    checked = 0
+    for g in rng.choice(gg.num_groups, 6, replace=False).tolist():
+        op_unit = tables.op_unit.copy()
+        ops = gg.group_members(g)
+        op_unit[ops] = tables.piece_unit(g, 0) + rng.integers(0, 4, ops.size)
+        op_device = dict(zip(ops.tolist(), rng.integers(0, 4, ops.size).tolist()))
+        for pair in [k for k in tables.pair_uses if g in k]:
+            for skip_local in (True, False):
+                got = make_bundles(tables, tables.pair_uses[pair], op_unit, skip_local=skip_local, op_device=op_device)
+                want = _bundles_use_by_use(tables, tables.pair_uses[pair], op_unit, skip_local, op_device)
+                assert list(got.items()) == list(want.items())
+                assert [type(x) for b in got.get(pair, []) for x in (*b[5:8], *b[4])] == \
+                    [type(x) for b in want.get(pair, []) for x in (*b[5:8], *b[4])]
+                checked += len(want.get(pair, []))
+    assert checked > 50
+    # readers outside the producer's unit set a use's demand inside a group: with the ops' demands drawn at
+    # random, that demand differs from the use's (all its readers') for some uses
+    shuffled = dataclasses.replace(tables, op_demand=rng.integers(0, 3, gg.op_graph.num_ops).astype(np.int8))
+    got = make_bundles(shuffled, uses, tables.op_unit, skip_local=True)
+    assert list(got.items()) == list(_bundles_use_by_use(shuffled, uses, tables.op_unit, True, None).items())
+    assert got != tables.bundles
+    assert make_bundles(tables, np.zeros(0, dtype=np.int64), tables.op_unit, skip_local=True) == {}
+
+
 def test_bad_strategies_are_refused(bert_tiny):
     gg, cluster = bert_tiny
     with pytest.raises(CompileError, match="granularity"):

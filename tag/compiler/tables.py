@@ -155,6 +155,8 @@ class CompilerTables:
     use_demand: np.ndarray  # [Q] int8
     use_bytes: np.ndarray  # [Q] float64 at the reference batch
     use_consumers: list[np.ndarray]  # [Q] consumer op ids in the consumer group
+    use_consumer_ptr: np.ndarray  # [Q+1] the same as CSR (into use_consumer_ops)
+    use_consumer_ops: np.ndarray  # [sum of consumers]
     use_sync_index: np.ndarray  # [Q] int64 rank among the SUMS uses into the same group (PS round robin)
     use_producer_group: np.ndarray  # [Q] int64
     op_demand: np.ndarray  # [N] int8 demand of each op as a reader
@@ -297,6 +299,8 @@ def _build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: st
         group_inputs=group_inputs, group_order=group_order, op_time_fixed=fixed, op_time_scaled=scaled,
         unit_time_fixed=unit_fixed, unit_time_scaled=unit_scaled, use_producer=use_producer, use_group=use_group,
         use_pclass=use_pclass, use_demand=use_demand, use_bytes=use_bytes, use_consumers=use_consumers,
+        use_consumer_ptr=np.concatenate([[0], np.cumsum([c.size for c in use_consumers])]).astype(np.int64),
+        use_consumer_ops=np.concatenate(use_consumers).astype(np.int64) if use_consumers else np.zeros(0, np.int64),
         use_sync_index=use_sync_index, use_producer_group=assignment[use_producer], op_demand=demand,
         group_uses=group_uses, unit_label=_unit_labels(graph, granularity, unit_ops, unit_group, unit_role, level),
         bundles={}, pair_uses=_pair_uses(assignment[use_producer], use_group), piece_stride=int(gg.group_sizes().max()),
@@ -360,51 +364,74 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
 
     ``op_device`` maps the ops of model-parallel groups to their device (a bundle then comes from one
     device). With ``skip_local``, uses inside one group that never move data there are left out.
+
+    A bundle gathers the uses of one (producer group, producer unit, device, consumer group, consumer units);
+    bundles come in the order of their first use, categories by (class, demand), each category's bytes
+    summed and its uses listed in use order. The uses are sorted into bundles by array operations: the
+    bundles of a model-parallel pair are made per pair of layouts, so this runs in the search.
     """
+    use_ids = np.asarray(use_ids, dtype=np.int64).reshape(-1)
+    if use_ids.size == 0:
+        return {}
     assignment = tables.group_graph.assignment
-    found: dict[tuple, dict[tuple[int, int], list]] = {}
     producer = tables.use_producer[use_ids]  # [Q]
-    uses = use_ids.tolist()
-    use_consumers = [tables.use_consumers[q] for q in uses]  # [Q] consumer ops of each use
-    # the consumers' units of every use in one look-up (the bundles of a model-parallel pair are made per
-    # pair of layouts, so this loop runs in the search)
-    ends = np.cumsum([consumers.size for consumers in use_consumers]).tolist()
-    units = op_unit[np.concatenate(use_consumers)].tolist() if uses else []
-    columns = zip(uses, producer.tolist(), op_unit[producer].tolist(), assignment[producer].tolist(),
-                  tables.use_group[use_ids].tolist(), tables.use_pclass[use_ids].tolist(),
-                  tables.use_demand[use_ids].tolist(), tables.use_bytes[use_ids].tolist(), use_consumers, ends)
-    begin = 0
-    for q, p, unit_p, group_p, group_c, pclass, demand, nbytes, consumers, end in columns:
-        consumer_units = units[begin:end]
-        begin = end
-        if skip_local and group_p == group_c:
-            # Readers in the producer's own unit read it inside the task (no sync edge lies inside a unit).
-            consumers = consumers[op_unit[consumers] != unit_p]
-            if consumers.size == 0:
-                continue
-            demand = int(tables.op_demand[consumers].max())
-            if always_local(pclass, demand):
-                continue
-            consumer_units = [unit for unit in consumer_units if unit != unit_p]
-        consumer_units = tuple(sorted(set(consumer_units)))
-        device = op_device.get(p, -1) if op_device is not None else -1
-        # Input ops' tensors (parameters, the batch) exist from time 0 and all queue at once: each moves on
-        # its own, in op order, as at op level (one merged transfer would take the NICs in another order).
-        unit = unit_p if unit_p != NO_UNIT else NO_UNIT - 1 - p
-        key = (group_p, unit, device, group_c, consumer_units)
-        categories = found.setdefault(key, {})
-        entry = categories.setdefault((pclass, demand), [0.0, 0, []])
-        entry[0] += nbytes
-        entry[1] += nbytes > 0
-        entry[2].append(q)
+    unit_p, group_p, group_c = op_unit[producer], assignment[producer], tables.use_group[use_ids]
+    pclass = tables.use_pclass[use_ids].astype(np.int64)
+    demand = tables.use_demand[use_ids].astype(np.int64)
+    # every (use, consumer op) pair: the use's index into use_ids and the consumer's unit
+    ptr = tables.use_consumer_ptr
+    first, counts = ptr[use_ids], ptr[use_ids + 1] - ptr[use_ids]
+    use_of = np.repeat(np.arange(use_ids.size), counts)
+    consumer = tables.use_consumer_ops[np.arange(use_of.size) - np.repeat(np.cumsum(counts) - counts - first, counts)]
+    consumer_unit = op_unit[consumer]
+    keep = np.ones(use_ids.size, dtype=bool)
+    if skip_local:
+        # readers in the producer's own unit read it inside the task (no sync edge lies inside a unit); a use
+        # inside one group keeps the demand of its other readers, and is left out where it never moves data
+        local = group_p == group_c
+        outside = ~(local[use_of] & (consumer_unit == unit_p[use_of]))
+        use_of, consumer, consumer_unit = use_of[outside], consumer[outside], consumer_unit[outside]
+        local_demand = np.full(use_ids.size, -1, dtype=np.int64)
+        np.maximum.at(local_demand, use_of, tables.op_demand[consumer].astype(np.int64))
+        demand = np.where(local, local_demand, demand)
+        never_moves = (pclass == FULL) | ((pclass == ROWS) & (demand <= DEMAND_ROWS)) | (
+            (pclass == SUMS) & (demand == DEMAND_SUM))
+        keep = ~local | ((local_demand >= 0) & ~never_moves)
+        kept = keep[use_of]
+        use_of, consumer_unit = use_of[kept], consumer_unit[kept]
+    # each kept use's set of consumer units, ascending
+    span = int(consumer_unit.max()) + 2 if consumer_unit.size else 1
+    unit_sets = np.unique(use_of * span + consumer_unit + 1)
+    set_use, set_unit = unit_sets // span, (unit_sets % span - 1).tolist()
+    bounds = np.searchsorted(set_use, np.arange(use_ids.size + 1)).tolist()
+    uses = np.flatnonzero(keep)
+    # input ops' tensors (parameters, the batch) exist from time 0 and all queue at once: each moves on its
+    # own, in op order, as at op level (one merged transfer would take the NICs in another order)
+    producer_list = producer.tolist()
+    unit_key = np.where(unit_p != NO_UNIT, unit_p, NO_UNIT - 1 - producer)[uses].tolist()
+    devices = [op_device.get(producer_list[i], -1) for i in uses.tolist()] if op_device is not None else \
+        [-1] * uses.size
+    index: dict[tuple, int] = {}  # bundle key -> its index, in order of first use
+    bundle_of = np.array([index.setdefault((gp, unit, device, gc, tuple(set_unit[bounds[i]:bounds[i + 1]])), len(index))
+                          for i, gp, unit, device, gc in zip(uses.tolist(), group_p[uses].tolist(), unit_key, devices,
+                                                            group_c[uses].tolist())], dtype=np.int64)
+    # categories: (bundle, class, demand), ascending; bytes summed in use order from 0.0 (bincount)
+    width = int(max(pclass.max(), demand.max())) + 1
+    codes, category = np.unique((bundle_of * width + pclass[uses]) * width + demand[uses], return_inverse=True)
+    nbytes = tables.use_bytes[use_ids[uses]]
+    category_bytes = np.bincount(category, weights=nbytes, minlength=codes.size).tolist()
+    category_count = np.bincount(category, weights=nbytes > 0, minlength=codes.size).astype(np.int64).tolist()
+    by_category = use_ids[uses][np.argsort(category, kind="stable")].tolist()
+    use_bounds = np.cumsum(np.bincount(category, minlength=codes.size)).tolist()
+    category_uses = [tuple(by_category[a:b]) for a, b in zip([0] + use_bounds[:-1], use_bounds)]
+    category_pclass, category_demand = ((codes // width) % width).tolist(), (codes % width).tolist()
+    category_bounds = np.searchsorted(codes // (width * width), np.arange(len(index) + 1)).tolist()
     bundles: dict[tuple[int, int], list[Bundle]] = {}
-    for (group_p, unit_p, device, group_c, consumer_units), categories in found.items():
-        cats = sorted(categories)
-        pclasses, demands = zip(*cats)
-        category_bytes, category_counts, category_uses = zip(*[categories[c] for c in cats])
-        bundle = Bundle(group_p, max(unit_p, NO_UNIT), device, group_c, consumer_units, pclasses, demands,
-                        category_bytes, category_counts, tuple(map(tuple, category_uses)))
-        bundles.setdefault((group_p, group_c), []).append(bundle)
+    for (gp, unit, device, gc, consumer_units), k0, k1 in zip(index, category_bounds[:-1], category_bounds[1:]):
+        bundle = Bundle(gp, max(unit, NO_UNIT), device, gc, consumer_units, tuple(category_pclass[k0:k1]),
+                        tuple(category_demand[k0:k1]), tuple(category_bytes[k0:k1]), tuple(category_count[k0:k1]),
+                        tuple(category_uses[k0:k1]))
+        bundles.setdefault((gp, gc), []).append(bundle)
     return bundles
 
 
