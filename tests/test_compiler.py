@@ -364,6 +364,63 @@ def test_make_bundles_equals_a_use_by_use_loop(bert_tiny, granularity):
     assert make_bundles(tables, np.zeros(0, dtype=np.int64), tables.op_unit, skip_local=True) == {}
 
 
+@pytest.mark.parametrize("granularity", ["group", "part"])
+def test_model_parallel_cut_equals_a_unit_by_unit_cut(bert_tiny, granularity, monkeypatch):
+    """The pieces of a model-parallel layout, cut by array operations, against a cut unit by unit: a unit on one
+    device is one piece, a unit over several is one piece per device (ascending) where those pieces form a
+    DAG and one piece per op where they do not. Random op → device maps make both kinds common."""
+    from tag.compiler import layout as layout_module
+    from tag.compiler.tables import compiler_tables
+    from tag.grouping import quotient_is_dag
+    from tag.grouping.metis import GroupSplitter
+
+    gg, cluster = bert_tiny
+    tables = compiler_tables(gg, cluster, gg.cost, granularity)
+    context = layout_module.cluster_context(cluster, tables)
+    rng = np.random.default_rng(3)
+    maps = {}
+    monkeypatch.setattr(GroupSplitter, "split", lambda self, speeds, **_: maps.setdefault(
+        (self.ops.tobytes(), speeds.size), rng.integers(0, speeds.size, self.ops.size)))
+    graph = gg.op_graph
+    kinds = {"whole": 0, "by device": 0, "by op": 0}
+    for g in range(gg.num_groups):
+        devices = tuple(sorted(rng.choice(cluster.num_devices, int(rng.integers(2, 6)), replace=False).tolist()))
+        pieces, op_device, (piece_ops, piece_of) = layout_module._model_parallel_pieces(tables, context, g, devices)
+        for k, piece in enumerate(pieces):
+            np.testing.assert_array_equal(piece_ops[piece_of == k], piece.ops)
+        assert piece_ops.size == sum(piece.ops.size for piece in pieces)
+        ops = gg.group_members(g)
+        where = maps[(ops.tobytes(), len(devices))]
+        assert op_device == {op: devices[w] for op, w in zip(ops.tolist(), where.tolist())}
+        expected = []
+        for unit in tables.group_units[g].tolist():
+            unit_ops = tables.unit_ops[unit]
+            slot = where[np.searchsorted(ops, unit_ops)]
+            local = {op: k for k, op in enumerate(unit_ops.tolist())}
+            edges = [(local[a], local[b]) for a in unit_ops.tolist() for b in graph.successors(a).tolist() if b in local]
+            src, dst = np.array([e[0] for e in edges], dtype=np.int64), np.array([e[1] for e in edges], dtype=np.int64)
+            if (slot == slot[0]).all():
+                kinds["whole"] += 1
+                cut = [unit_ops]
+            elif quotient_is_dag(src, dst, slot):
+                kinds["by device"] += 1
+                cut = [unit_ops[slot == k] for k in np.unique(slot)]
+            else:
+                kinds["by op"] += 1
+                cut = [unit_ops[k:k + 1] for k in range(unit_ops.size)]
+            expected += [(unit, devices[int(where[np.searchsorted(ops, c[0])])], c) for c in cut]
+        assert [(p.unit, p.device) for p in pieces] == [(u, d) for u, d, _ in expected]
+        for piece, (_, device, piece_ops) in zip(pieces, expected):
+            np.testing.assert_array_equal(piece.ops, piece_ops)
+            t = context.type_index[device]
+            assert piece.duration == pytest.approx(
+                tables.op_time_fixed[piece_ops, t].sum() + tables.op_time_scaled[piece_ops, t].sum(), rel=1e-12)
+            assert piece.out_rows == pytest.approx(tables.op_out_rows[piece_ops].sum(), rel=1e-12)
+            assert piece.out_fixed == pytest.approx(tables.op_out_fixed[piece_ops].sum(), rel=1e-12)
+            assert all(type(x) is float for x in piece[3:])
+    assert min(kinds.values()) > 0, kinds
+
+
 def test_bad_strategies_are_refused(bert_tiny):
     gg, cluster = bert_tiny
     with pytest.raises(CompileError, match="granularity"):

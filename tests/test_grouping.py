@@ -434,3 +434,26 @@ def test_dag_order_and_quotient_check_against_plain_kahn():
     assert not quotient_is_dag(np.array([0, 2]), np.array([1, 3]), np.array([0, 1, 1, 0]))
     with pytest.raises(GroupingError, match="non-negative"):
         quotient_is_dag(np.array([0]), np.array([1]), np.array([-1, 0]))
+
+
+def test_quotients_are_dags_checks_each_graph_of_a_batch():
+    """quotients_are_dags over a batch of graphs (CSR of nodes and edges, each numbering its nodes from 0)
+    equals quotient_is_dag of each graph named, in the order named."""
+    from tag.grouping import quotients_are_dags
+
+    rng = np.random.default_rng(4)
+    graphs = []
+    for _ in range(30):
+        n = int(rng.integers(1, 12))
+        a, b = rng.integers(0, n, (2, int(rng.integers(0, 3 * n))))
+        keep = a < b  # a DAG; contracting labels may still make cycles
+        graphs.append((n, a[keep], b[keep], rng.integers(0, 3, n)))
+    node_ptr = np.cumsum([0] + [g[0] for g in graphs])
+    edge_ptr = np.cumsum([0] + [g[1].size for g in graphs])
+    src, dst, labels = (np.concatenate([g[k] for g in graphs]) for k in (1, 2, 3))
+    which = rng.permutation(len(graphs))[:20]
+    expected = [quotient_is_dag(graphs[k][1], graphs[k][2], graphs[k][3]) for k in which.tolist()]
+    assert quotients_are_dags(node_ptr, edge_ptr, src, dst, labels, which).tolist() == expected
+    assert 0 < sum(expected) < len(expected)
+    with pytest.raises(GroupingError, match="non-negative"):
+        quotients_are_dags([0, 2], [0, 1], [0], [1], [0, -1], [0])

@@ -413,9 +413,8 @@ class _Compiler:
             if layout.model_parallel:
                 if op_unit is self.tables.op_unit:
                     op_unit = op_unit.copy()
-                first = self.tables.piece_unit(g, 0)  # pieces are numbered consecutively
-                for k, piece in enumerate(layout.pieces):
-                    op_unit[piece.ops] = first + k
+                ops, piece = layout.op_pieces
+                op_unit[ops] = self.tables.piece_unit(g, 0) + piece  # pieces are numbered consecutively
         return op_unit
 
     def _compute_tasks(self, g: int) -> None:

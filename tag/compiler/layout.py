@@ -23,7 +23,7 @@ import numpy as np
 
 from tag.cluster import Cluster
 from tag.cost.comm import hop_bandwidths
-from tag.grouping import quotient_is_dag
+from tag.grouping import quotients_are_dags
 from tag.grouping.metis import GroupSplitter
 from tag.strategy import MODEL_PARALLEL, SYNC_OPTIONS, Strategy
 from tag.compiler.tables import CompilerTables
@@ -57,7 +57,8 @@ class GroupLayout(NamedTuple):
     split: bool  # the batch is split among ≥ 2 replicas (all-reduce or PS)
     pieces: tuple[Piece, ...] = ()  # model-parallel only
     op_device: dict | None = None  # model-parallel only: op id -> device
-    op_piece: dict | None = None  # model-parallel only: op id -> index into pieces
+    # model-parallel only: (op ids [n], index into pieces of each [n]), every op of a piece
+    op_pieces: tuple[np.ndarray, np.ndarray] | None = None
     key: tuple = ()  # (group, placement row, option, batch split): equal keys, equal layouts
 
     @property
@@ -90,7 +91,7 @@ class ClusterContext:
     unit_tables: dict = field(default_factory=dict)  # group -> its units' rows of the compute-time tables
     mp_splits: dict = field(default_factory=dict)
     mp_cuts: dict = field(default_factory=dict)  # (group, device types) -> its model-parallel cut (_cut_group)
-    mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them
+    mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them (_GroupUnits)
     mp_splitters: dict = field(default_factory=dict)  # (group, first device's type) -> its GroupSplitter (split_group)
     mp_op_times: dict = field(default_factory=dict)  # device type -> [N] op seconds the splitters weigh ops by
     plans: dict = field(default_factory=dict)  # the compiler's per-bundle plans, keyed by bundle and layouts
@@ -218,9 +219,9 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, key: tuple) ->
                                                                                    batch_split)
     devices, base = placed
     if option == MODEL_PARALLEL and len(devices) > 1:
-        pieces, op_device, op_piece = _model_parallel_pieces(tables, context, group, devices)
-        return GroupLayout(group=group, option=option, **base, pieces=pieces, op_device=op_device,
-                           op_piece=op_piece, key=key)
+        pieces, op_device, op_pieces = _model_parallel_pieces(tables, context, group, devices)
+        return GroupLayout(group=group, option=option, **base, pieces=pieces, op_device=op_device, op_pieces=op_pieces,
+                           key=key)
     return GroupLayout(group=group, option=option, **base, key=key)
 
 
@@ -258,7 +259,8 @@ def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, ba
 
 
 def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]):
-    """Pieces of a model-parallel group: split_group's op → device map, cut by units (module docstring)."""
+    """(pieces, op → device, (op ids, piece of each)) of a model-parallel group: split_group's op → device
+    map, cut by units (module docstring)."""
     key = (group, devices)
     cached = context.mp_splits.get(key)
     if cached is not None:
@@ -269,20 +271,33 @@ def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, grou
     cut = context.mp_cuts.get((group, types))
     if cut is None:
         cut = context.mp_cuts[(group, types)] = _cut_group(tables, context, group, devices)
-    where, slots, pieces, op_piece = cut
-    ops = tables.group_graph.group_members(group)
-    op_device = dict(zip(ops.tolist(), np.asarray(devices)[where].tolist()))
-    result = (tuple(piece._replace(device=devices[slot]) for piece, slot in zip(pieces, slots)), op_device, op_piece)
-    context.mp_splits[key] = result
+    device_array = np.asarray(devices)
+    pieces = tuple(map(Piece, cut.unit, device_array[cut.slot].tolist(), cut.ops, cut.duration, cut.out_rows,
+                       cut.out_fixed))
+    op_device = dict(zip(tables.group_graph.group_members(group).tolist(), device_array[cut.where].tolist()))
+    result = context.mp_splits[key] = pieces, op_device, cut.op_pieces
     return result
 
 
-def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]):
-    """(split_group's device index of each op [ops], device index of each piece, pieces, op → piece) of a
-    model-parallel group on ``devices``."""
+class _Cut(NamedTuple):
+    """A model-parallel group cut into pieces on a sequence of device types, devices by their index."""
+
+    where: np.ndarray  # [ops of the group, ascending ids] index of each op's device (split_group)
+    slot: np.ndarray  # [pieces] index of each piece's device
+    unit: list[int]  # [pieces] each piece's unit
+    ops: list[np.ndarray]  # [pieces] each piece's ops, topological
+    duration: list[float]  # [pieces] seconds on its device (Piece)
+    out_rows: list[float]
+    out_fixed: list[float]
+    op_pieces: tuple[np.ndarray, np.ndarray]  # (op ids, index of each one's piece)
+
+
+def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]) -> _Cut:
+    """The pieces of a model-parallel group on ``devices``: each unit's ops on one device, in ascending
+    device index; a unit whose device pieces depend on each other in a cycle gives one piece per op. Sums are
+    taken in op order."""
     gg = tables.group_graph
     graph = gg.op_graph
-    ops = gg.group_members(group)
     key = (group, context.type_index[devices[0]])
     splitter = context.mp_splitters.get(key)
     if splitter is None:
@@ -290,77 +305,84 @@ def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devi
         op_times = context.mp_op_times.get(key[1])
         if op_times is None:  # every group's splitter weighs its ops by these: computed once per type
             op_times = context.mp_op_times[key[1]] = gg.cost.op_times(graph, gpu)
-        splitter = context.mp_splitters[key] = GroupSplitter(graph, ops, cost=gg.cost, gpu=gpu, op_times=op_times)
+        splitter = context.mp_splitters[key] = GroupSplitter(graph, gg.group_members(group), cost=gg.cost, gpu=gpu,
+                                                             op_times=op_times)
     where = splitter.split(context.speed[list(devices)])  # [len(ops)] index into devices (split_group)
-    pieces: list[Piece] = []
-    slots: list[int] = []
-    op_piece: dict[int, int] = {}
-    for unit in _group_unit_ops(tables, context, group):
-        slot_of = where[unit.position]  # [n] index into devices of each op of the unit
-        first = int(slot_of[0])
-        if (slot_of == first).all():  # the whole unit on one device (most units): one piece, sums cached
-            t = context.type_index[devices[first]]
-            found = unit.whole.get(t)
-            if found is None:
-                found = unit.whole[t] = _piece_sums(tables, context, unit.ops, devices[first])
-            op_piece.update(dict.fromkeys(unit.ops_list, len(pieces)))
-            pieces.append(Piece(unit.unit, devices[first], unit.ops, *found))
-            slots.append(first)
-            continue
-        if quotient_is_dag(unit.local_src, unit.local_dst, slot_of):
-            groups = [unit.ops[slot_of == k] for k in np.unique(slot_of).tolist()]  # ascending, as ``devices`` is
-        else:  # the device pieces depend on each other in a cycle: one piece per op
-            groups = [unit.ops[k:k + 1] for k in range(unit.ops.size)]
-        for piece_ops in groups:
-            slot = int(where[np.searchsorted(ops, piece_ops[0])])
-            op_piece.update(dict.fromkeys(piece_ops.tolist(), len(pieces)))
-            pieces.append(Piece(unit.unit, devices[slot], piece_ops,
-                                *_piece_sums(tables, context, piece_ops, devices[slot])))
-            slots.append(slot)
-    return where, slots, pieces, op_piece
+    units = _group_units(tables, context, group)
+    slot = where[units.position]  # [n] device index of each op, unit by unit
+    first = units.ptr[:-1]
+    # a piece per (unit, device index), or per (unit, op) where the unit's device pieces form a cycle:
+    # sorted (stably, so each piece's ops stay topological) by unit, then device index or op
+    span = len(devices) + slot.size
+    piece_key = units.unit_index * span + slot
+    split = np.flatnonzero(np.minimum.reduceat(slot, first) != np.maximum.reduceat(slot, first))
+    if split.size:
+        cyclic = split[~quotients_are_dags(units.ptr, units.edge_ptr, units.edge_src, units.edge_dst, slot, split)]
+        for i in cyclic.tolist():
+            a, b = units.ptr[i], units.ptr[i + 1]
+            piece_key[a:b] = i * span + len(devices) + np.arange(b - a)
+    order = np.argsort(piece_key, kind="stable")
+    piece_key = piece_key[order]
+    starts = np.flatnonzero(np.concatenate([[True], piece_key[1:] != piece_key[:-1]]))
+    ends = np.append(starts[1:], piece_key.size)
+    ops, slot = units.ops[order], slot[order]
+    op_type = context.type_array[np.asarray(devices)][slot]
+    duration = (np.add.reduceat(tables.op_time_fixed[ops, op_type], starts)
+                + np.add.reduceat(tables.op_time_scaled[ops, op_type], starts))
+    return _Cut(where, slot[starts], units.units[units.unit_index[order[starts]]].tolist(),
+                [ops[a:b] for a, b in zip(starts.tolist(), ends.tolist())], duration.tolist(),
+                np.add.reduceat(tables.op_out_rows[ops], starts).tolist(),
+                np.add.reduceat(tables.op_out_fixed[ops], starts).tolist(),
+                (ops, np.repeat(np.arange(starts.size), np.diff(np.append(starts, ops.size)))))
 
 
-class _UnitOps(NamedTuple):
-    """One unit of a group, as :func:`_model_parallel_pieces` cuts it into pieces."""
+class _GroupUnits(NamedTuple):
+    """A group's units as :func:`_cut_group` cuts them (the same for every model-parallel layout)."""
 
-    unit: int
-    ops: np.ndarray  # [n] op ids, topological (tables.unit_ops)
-    ops_list: list[int]  # the same, as Python ints
-    position: np.ndarray  # [n] index of each op among the group's ops (ascending op ids)
-    local_src: np.ndarray  # [e] indices into ``ops`` of the ends of the op graph's edges inside the unit
-    local_dst: np.ndarray  # [e]
-    whole: dict  # device type -> (duration, out_rows, out_fixed) of the whole unit as one piece on it
+    units: np.ndarray  # [U] unit ids (tables.group_units)
+    ptr: np.ndarray  # [U+1] CSR of their ops in ``ops``
+    ops: np.ndarray  # [n] op ids, unit by unit, each unit's topological (tables.unit_ops)
+    unit_index: np.ndarray  # [n] index into ``units`` of each op's unit
+    position: np.ndarray  # [n] index of each op among the group's ops (ascending ids, as split_group's map)
+    edge_ptr: np.ndarray  # [U+1] CSR of the op graph's edges inside each unit
+    edge_src: np.ndarray  # [e] their ends, as indices among the unit's ops
+    edge_dst: np.ndarray  # [e]
 
 
-def _group_unit_ops(tables: CompilerTables, context: ClusterContext, group: int) -> list[_UnitOps]:
-    """The units of ``group`` with what cutting them needs and does not depend on the devices (cached per
-    group: every model-parallel layout of the group cuts the same units)."""
+def _group_units(tables: CompilerTables, context: ClusterContext, group: int) -> _GroupUnits:
+    """The units of ``group`` with their ops and the edges inside them; made for every group at once, on the
+    first cut (cached in the context)."""
     found = context.mp_units.get(group)
     if found is not None:
         return found
-    graph = tables.group_graph.op_graph
-    ops = tables.group_graph.group_members(group)
-    found = []
-    for unit in tables.group_units[group].tolist():
-        unit_ops = tables.unit_ops[unit]
-        ops_list = unit_ops.tolist()
-        local = {op: k for k, op in enumerate(ops_list)}
-        src, dst = [], []
-        for k, op in enumerate(ops_list):
-            for succ in graph.successors(op).tolist():
-                j = local.get(succ)
-                if j is not None:
-                    src.append(k)
-                    dst.append(j)
-        found.append(_UnitOps(unit, unit_ops, ops_list, np.searchsorted(ops, unit_ops),
-                              np.array(src, dtype=np.int64), np.array(dst, dtype=np.int64), {}))
-    context.mp_units[group] = found
-    return found
-
-
-def _piece_sums(tables: CompilerTables, context: ClusterContext, piece_ops: np.ndarray,
-                device: int) -> tuple[float, float, float]:
-    """(duration on ``device``, out_rows, out_fixed) of a piece (see :class:`Piece`)."""
-    t = context.type_index[device]
-    duration = float(tables.op_time_fixed[piece_ops, t].sum() + tables.op_time_scaled[piece_ops, t].sum())
-    return duration, float(tables.op_out_rows[piece_ops].sum()), float(tables.op_out_fixed[piece_ops].sum())
+    gg = tables.group_graph
+    graph = gg.op_graph
+    order = [tables.group_units[g] for g in range(gg.num_groups)]
+    units = np.concatenate(order)
+    sizes = np.array([tables.unit_ops[u].size for u in units.tolist()], dtype=np.int64)
+    ptr = np.zeros(units.size + 1, dtype=np.int64)
+    np.cumsum(sizes, out=ptr[1:])
+    ops = np.concatenate([tables.unit_ops[u] for u in units.tolist()]) if units.size else np.zeros(0, np.int64)
+    unit_index = np.repeat(np.arange(units.size), sizes)
+    local = np.arange(ops.size) - ptr[unit_index]  # index of each op among its unit's
+    index = np.full(graph.num_ops, -1, dtype=np.int64)
+    index[ops] = np.arange(ops.size)
+    a, b = index[graph.edge_src], index[graph.edge_dst]
+    inside = (a >= 0) & (b >= 0)
+    a, b = a[inside], b[inside]
+    inside = unit_index[a] == unit_index[b]
+    a, b = a[inside], b[inside]
+    by_unit = np.argsort(unit_index[a], kind="stable")
+    a, b = a[by_unit], b[by_unit]
+    edge_ptr = np.zeros(units.size + 1, dtype=np.int64)
+    np.cumsum(np.bincount(unit_index[a], minlength=units.size), out=edge_ptr[1:])
+    unit_bound = np.zeros(gg.num_groups + 1, dtype=np.int64)
+    np.cumsum([u.size for u in order], out=unit_bound[1:])
+    for g in range(gg.num_groups):
+        u0, u1 = unit_bound[g], unit_bound[g + 1]
+        o0, o1, e0, e1 = ptr[u0], ptr[u1], edge_ptr[u0], edge_ptr[u1]
+        group_ops = ops[o0:o1]
+        context.mp_units[g] = _GroupUnits(units[u0:u1], ptr[u0:u1 + 1] - o0, group_ops, unit_index[o0:o1] - u0,
+                                          np.searchsorted(gg.group_members(g), group_ops), edge_ptr[u0:u1 + 1] - e0,
+                                          local[a[e0:e1]], local[b[e0:e1]])
+    return context.mp_units[group]

@@ -5,6 +5,7 @@ from tag.grouping.acyclic import (
     RepairStats,
     edge_cut,
     quotient_is_dag,
+    quotients_are_dags,
     refine_acyclic,
     repair_acyclic,
     topological_chunks,
@@ -24,6 +25,6 @@ from tag.grouping.metis import (
 __all__ = [
     "group_ops", "split_group", "naive_groups", "op_atoms", "GroupGraph", "BoundaryTensors", "GroupingError",
     "repair_acyclic", "refine_acyclic", "RepairStats", "topological_chunks", "edge_cut", "quotient_is_dag",
-    "resolve_gpus",
+    "quotients_are_dags", "resolve_gpus",
     "DEFAULT_NUM_GROUPS", "DEFAULT_UFACTOR", "DEFAULT_SPLIT_UFACTOR", "DEFAULT_GPUS",
 ]

@@ -101,6 +101,31 @@ def quotient_is_dag(src: np.ndarray, dst: np.ndarray, labels: np.ndarray) -> boo
     return bool(_quotient_is_dag(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), labels, num))
 
 
+def quotients_are_dags(node_ptr: np.ndarray, edge_ptr: np.ndarray, src: np.ndarray, dst: np.ndarray,
+                       labels: np.ndarray, which: np.ndarray) -> np.ndarray:
+    """[len(which)] :func:`quotient_is_dag` of each graph ``which[i]`` of a batch: graph k has the nodes
+    ``node_ptr[k]:node_ptr[k+1]`` (their ``labels``) and the edges ``edge_ptr[k]:edge_ptr[k+1]`` of ``src``
+    and ``dst``, which number its nodes from 0. One compiled call for the batch."""
+    labels = np.asarray(labels, dtype=np.int64)
+    if labels.size and labels.min() < 0:
+        raise GroupingError(f"quotients_are_dags: labels must be non-negative, got {int(labels.min())}")
+    return _quotients_are_dags(np.asarray(node_ptr, dtype=np.int64), np.asarray(edge_ptr, dtype=np.int64),
+                               np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), labels,
+                               np.asarray(which, dtype=np.int64))
+
+
+@jit
+def _quotients_are_dags(node_ptr, edge_ptr, src, dst, labels, which):
+    out = np.empty(which.size, dtype=np.bool_)
+    for i in range(which.size):
+        k = which[i]
+        graph_labels = labels[node_ptr[k]:node_ptr[k + 1]]
+        num = graph_labels.max() + 1 if graph_labels.size else 0
+        out[i] = _quotient_is_dag(src[edge_ptr[k]:edge_ptr[k + 1]], dst[edge_ptr[k]:edge_ptr[k + 1]], graph_labels,
+                                  num)
+    return out
+
+
 @jit
 def _quotient_is_dag(src, dst, labels, num):
     """:func:`quotient_is_dag` over ``num`` labels: Kahn's algorithm over the edges between classes."""
