@@ -397,7 +397,8 @@ def test_model_parallel_cut_equals_a_unit_by_unit_cut(bert_tiny, granularity, mo
             unit_ops = tables.unit_ops[unit]
             slot = where[np.searchsorted(ops, unit_ops)]
             local = {op: k for k, op in enumerate(unit_ops.tolist())}
-            edges = [(local[a], local[b]) for a in unit_ops.tolist() for b in graph.successors(a).tolist() if b in local]
+            edges = [(local[a], local[b]) for a in unit_ops.tolist() for b in graph.successors(a).tolist()
+                     if b in local]
             src, dst = np.array([e[0] for e in edges], dtype=np.int64), np.array([e[1] for e in edges], dtype=np.int64)
             if (slot == slot[0]).all():
                 kinds["whole"] += 1

@@ -287,15 +287,15 @@ class _Cut(NamedTuple):
     unit: list[int]  # [pieces] each piece's unit
     ops: list[np.ndarray]  # [pieces] each piece's ops, topological
     duration: list[float]  # [pieces] seconds on its device (Piece)
-    out_rows: list[float]
-    out_fixed: list[float]
+    out_rows: list[float]  # [pieces]
+    out_fixed: list[float]  # [pieces]
     op_pieces: tuple[np.ndarray, np.ndarray]  # (op ids, index of each one's piece)
 
 
 def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]) -> _Cut:
     """The pieces of a model-parallel group on ``devices``: each unit's ops on one device, in ascending
-    device index; a unit whose device pieces depend on each other in a cycle gives one piece per op. Sums are
-    taken in op order."""
+    device index; a unit whose device pieces depend on each other in a cycle gives one piece per op. A piece's
+    sums are np.add.reduceat's over its ops (within a few ulp of np.sum's: reduceat adds in its own order)."""
     gg = tables.group_graph
     graph = gg.op_graph
     key = (group, context.type_index[devices[0]])
@@ -323,17 +323,19 @@ def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devi
             piece_key[a:b] = i * span + len(devices) + np.arange(b - a)
     order = np.argsort(piece_key, kind="stable")
     piece_key = piece_key[order]
-    starts = np.flatnonzero(np.concatenate([[True], piece_key[1:] != piece_key[:-1]]))
-    ends = np.append(starts[1:], piece_key.size)
+    starts = np.flatnonzero(np.diff(piece_key, prepend=-1))  # keys are >= 0; none for a group without units
+    ends = np.append(starts[1:], piece_key.size)[:starts.size]
     ops, slot = units.ops[order], slot[order]
     op_type = context.type_array[np.asarray(devices)][slot]
-    duration = (np.add.reduceat(tables.op_time_fixed[ops, op_type], starts)
-                + np.add.reduceat(tables.op_time_scaled[ops, op_type], starts))
+
+    def sums(values: np.ndarray) -> np.ndarray:  # [pieces]
+        return np.add.reduceat(values, starts) if starts.size else np.zeros(0)
+
+    duration = sums(tables.op_time_fixed[ops, op_type]) + sums(tables.op_time_scaled[ops, op_type])
     return _Cut(where, slot[starts], units.units[units.unit_index[order[starts]]].tolist(),
                 [ops[a:b] for a, b in zip(starts.tolist(), ends.tolist())], duration.tolist(),
-                np.add.reduceat(tables.op_out_rows[ops], starts).tolist(),
-                np.add.reduceat(tables.op_out_fixed[ops], starts).tolist(),
-                (ops, np.repeat(np.arange(starts.size), np.diff(np.append(starts, ops.size)))))
+                sums(tables.op_out_rows[ops]).tolist(), sums(tables.op_out_fixed[ops]).tolist(),
+                (ops, np.repeat(np.arange(starts.size), ends - starts)))
 
 
 class _GroupUnits(NamedTuple):
@@ -357,17 +359,17 @@ def _group_units(tables: CompilerTables, context: ClusterContext, group: int) ->
         return found
     gg = tables.group_graph
     graph = gg.op_graph
-    order = [tables.group_units[g] for g in range(gg.num_groups)]
-    units = np.concatenate(order)
+    units_by_group = [tables.group_units[g] for g in range(gg.num_groups)]
+    units = np.concatenate(units_by_group)
     sizes = np.array([tables.unit_ops[u].size for u in units.tolist()], dtype=np.int64)
     ptr = np.zeros(units.size + 1, dtype=np.int64)
     np.cumsum(sizes, out=ptr[1:])
     ops = np.concatenate([tables.unit_ops[u] for u in units.tolist()]) if units.size else np.zeros(0, np.int64)
     unit_index = np.repeat(np.arange(units.size), sizes)
     local = np.arange(ops.size) - ptr[unit_index]  # index of each op among its unit's
-    index = np.full(graph.num_ops, -1, dtype=np.int64)
-    index[ops] = np.arange(ops.size)
-    a, b = index[graph.edge_src], index[graph.edge_dst]
+    op_position = np.full(graph.num_ops, -1, dtype=np.int64)  # [N] index into ``ops``, -1: in no unit
+    op_position[ops] = np.arange(ops.size)
+    a, b = op_position[graph.edge_src], op_position[graph.edge_dst]
     inside = (a >= 0) & (b >= 0)
     a, b = a[inside], b[inside]
     inside = unit_index[a] == unit_index[b]
@@ -377,7 +379,7 @@ def _group_units(tables: CompilerTables, context: ClusterContext, group: int) ->
     edge_ptr = np.zeros(units.size + 1, dtype=np.int64)
     np.cumsum(np.bincount(unit_index[a], minlength=units.size), out=edge_ptr[1:])
     unit_bound = np.zeros(gg.num_groups + 1, dtype=np.int64)
-    np.cumsum([u.size for u in order], out=unit_bound[1:])
+    np.cumsum([u.size for u in units_by_group], out=unit_bound[1:])
     for g in range(gg.num_groups):
         u0, u1 = unit_bound[g], unit_bound[g + 1]
         o0, o1, e0, e1 = ptr[u0], ptr[u1], edge_ptr[u0], edge_ptr[u1]

@@ -285,7 +285,9 @@ def _build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: st
     np.add.at(unit_scaled, op_unit[worker], scaled[worker])
 
     uses = _uses(graph, assignment, demand)
-    use_producer, use_group, use_pclass, use_demand, use_bytes, use_consumers = uses
+    use_producer, use_group, use_pclass, use_demand, use_bytes, use_consumer_ptr, use_consumer_ops = uses
+    consumer_bounds = use_consumer_ptr.tolist()  # use_consumers: views of the CSR, one copy of the data
+    use_consumers = [use_consumer_ops[a:b] for a, b in zip(consumer_bounds[:-1], consumer_bounds[1:])]
     sums = use_pclass == SUMS
     use_sync_index = np.zeros(use_producer.size, dtype=np.int64)
     for c in np.unique(use_group[sums]).tolist():
@@ -299,8 +301,7 @@ def _build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: st
         group_inputs=group_inputs, group_order=group_order, op_time_fixed=fixed, op_time_scaled=scaled,
         unit_time_fixed=unit_fixed, unit_time_scaled=unit_scaled, use_producer=use_producer, use_group=use_group,
         use_pclass=use_pclass, use_demand=use_demand, use_bytes=use_bytes, use_consumers=use_consumers,
-        use_consumer_ptr=np.concatenate([[0], np.cumsum([c.size for c in use_consumers])]).astype(np.int64),
-        use_consumer_ops=np.concatenate(use_consumers).astype(np.int64) if use_consumers else np.zeros(0, np.int64),
+        use_consumer_ptr=use_consumer_ptr, use_consumer_ops=use_consumer_ops,
         use_sync_index=use_sync_index, use_producer_group=assignment[use_producer], op_demand=demand,
         group_uses=group_uses, unit_label=_unit_labels(graph, granularity, unit_ops, unit_group, unit_role, level),
         bundles={}, pair_uses=_pair_uses(assignment[use_producer], use_group), piece_stride=int(gg.group_sizes().max()),
@@ -347,8 +348,10 @@ def _uses(graph: OpGraph, assignment: np.ndarray, demand: np.ndarray):
     need = np.zeros(q, dtype=np.int8)
     np.maximum.at(need, inverse, demand[dst])
     pclass = np.where(rows, ROWS, np.where(graph.split[producer] == SPLIT_SUM, SUMS, FULL)).astype(np.int8)
-    consumers = _split_by(inverse, dst, q)
-    return producer, consumer_group, pclass, need, nbytes, [np.unique(c) for c in consumers]
+    # each use's consumer ops, ascending, as CSR: (use, consumer) pairs sorted and deduplicated
+    pairs = np.unique(inverse * graph.num_ops + dst)
+    consumer_ptr = np.searchsorted(pairs // graph.num_ops, np.arange(q + 1)).astype(np.int64)
+    return producer, consumer_group, pclass, need, nbytes, consumer_ptr, (pairs % graph.num_ops).astype(np.int64)
 
 
 def always_local(pclass: int, demand: int) -> bool:
@@ -373,48 +376,27 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
     use_ids = np.asarray(use_ids, dtype=np.int64).reshape(-1)
     if use_ids.size == 0:
         return {}
-    assignment = tables.group_graph.assignment
     producer = tables.use_producer[use_ids]  # [Q]
-    unit_p, group_p, group_c = op_unit[producer], assignment[producer], tables.use_group[use_ids]
+    group_p, group_c = tables.group_graph.assignment[producer], tables.use_group[use_ids]
     pclass = tables.use_pclass[use_ids].astype(np.int64)
-    demand = tables.use_demand[use_ids].astype(np.int64)
-    # every (use, consumer op) pair: the use's index into use_ids and the consumer's unit
-    ptr = tables.use_consumer_ptr
-    first, counts = ptr[use_ids], ptr[use_ids + 1] - ptr[use_ids]
-    use_of = np.repeat(np.arange(use_ids.size), counts)
-    consumer = tables.use_consumer_ops[np.arange(use_of.size) - np.repeat(np.cumsum(counts) - counts - first, counts)]
-    consumer_unit = op_unit[consumer]
-    keep = np.ones(use_ids.size, dtype=bool)
-    if skip_local:
-        # readers in the producer's own unit read it inside the task (no sync edge lies inside a unit); a use
-        # inside one group keeps the demand of its other readers, and is left out where it never moves data
-        local = group_p == group_c
-        outside = ~(local[use_of] & (consumer_unit == unit_p[use_of]))
-        use_of, consumer, consumer_unit = use_of[outside], consumer[outside], consumer_unit[outside]
-        local_demand = np.full(use_ids.size, -1, dtype=np.int64)
-        np.maximum.at(local_demand, use_of, tables.op_demand[consumer].astype(np.int64))
-        demand = np.where(local, local_demand, demand)
-        never_moves = (pclass == FULL) | ((pclass == ROWS) & (demand <= DEMAND_ROWS)) | (
-            (pclass == SUMS) & (demand == DEMAND_SUM))
-        keep = ~local | ((local_demand >= 0) & ~never_moves)
-        kept = keep[use_of]
-        use_of, consumer_unit = use_of[kept], consumer_unit[kept]
-    # each kept use's set of consumer units, ascending
-    span = int(consumer_unit.max()) + 2 if consumer_unit.size else 1
-    unit_sets = np.unique(use_of * span + consumer_unit + 1)
-    set_use, set_unit = unit_sets // span, (unit_sets % span - 1).tolist()
-    bounds = np.searchsorted(set_use, np.arange(use_ids.size + 1)).tolist()
+    keep, demand, set_unit, bounds = _consumer_units(tables, use_ids, op_unit, producer, group_p == group_c,
+                                                     pclass, skip_local)
     uses = np.flatnonzero(keep)
     # input ops' tensors (parameters, the batch) exist from time 0 and all queue at once: each moves on its
     # own, in op order, as at op level (one merged transfer would take the NICs in another order)
-    producer_list = producer.tolist()
+    unit_p = op_unit[producer]
     unit_key = np.where(unit_p != NO_UNIT, unit_p, NO_UNIT - 1 - producer)[uses].tolist()
-    devices = [op_device.get(producer_list[i], -1) for i in uses.tolist()] if op_device is not None else \
-        [-1] * uses.size
+    if op_device is None:
+        devices = [-1] * uses.size
+    else:
+        devices = [op_device.get(p, -1) for p in producer[uses].tolist()]
     index: dict[tuple, int] = {}  # bundle key -> its index, in order of first use
-    bundle_of = np.array([index.setdefault((gp, unit, device, gc, tuple(set_unit[bounds[i]:bounds[i + 1]])), len(index))
-                          for i, gp, unit, device, gc in zip(uses.tolist(), group_p[uses].tolist(), unit_key, devices,
-                                                            group_c[uses].tolist())], dtype=np.int64)
+    bundle_of = []
+    for i, gp, unit, device, gc in zip(uses.tolist(), group_p[uses].tolist(), unit_key, devices,
+                                       group_c[uses].tolist()):
+        bundle_of.append(index.setdefault((gp, unit, device, gc, tuple(set_unit[bounds[i]:bounds[i + 1]])),
+                                          len(index)))
+    bundle_of = np.array(bundle_of, dtype=np.int64)
     # categories: (bundle, class, demand), ascending; bytes summed in use order from 0.0 (bincount)
     width = int(max(pclass.max(), demand.max())) + 1
     codes, category = np.unique((bundle_of * width + pclass[uses]) * width + demand[uses], return_inverse=True)
@@ -433,6 +415,38 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
                         tuple(category_uses[k0:k1]))
         bundles.setdefault((gp, gc), []).append(bundle)
     return bundles
+
+
+def _consumer_units(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarray, producer: np.ndarray,
+                    local: np.ndarray, pclass: np.ndarray, skip_local: bool) -> tuple:
+    """For :func:`make_bundles`: (kept [Q] bool, demand [Q], consumer units, bounds [Q+1]), the units reading
+    use ``use_ids[i]`` being ``units[bounds[i]:bounds[i + 1]]`` (ascending; lists). ``local`` [Q]: the use
+    stays inside one group; with ``skip_local`` such a use loses its readers in the producer's unit, takes
+    their demand, and is not kept where it never moves data (:func:`always_local`)."""
+    demand = tables.use_demand[use_ids].astype(np.int64)
+    # every (use, consumer op) pair: the use's index into use_ids and the consumer's unit
+    ptr = tables.use_consumer_ptr
+    first, counts = ptr[use_ids], ptr[use_ids + 1] - ptr[use_ids]
+    use_of = np.repeat(np.arange(use_ids.size), counts)
+    consumer = tables.use_consumer_ops[np.arange(use_of.size) - np.repeat(np.cumsum(counts) - counts - first, counts)]
+    consumer_unit = op_unit[consumer]
+    keep = np.ones(use_ids.size, dtype=bool)
+    if skip_local:
+        # readers in the producer's own unit read it inside the task (no sync edge lies inside a unit)
+        outside = ~(local[use_of] & (consumer_unit == op_unit[producer][use_of]))
+        use_of, consumer, consumer_unit = use_of[outside], consumer[outside], consumer_unit[outside]
+        local_demand = np.full(use_ids.size, -1, dtype=np.int64)  # -1: no reader left
+        np.maximum.at(local_demand, use_of, tables.op_demand[consumer].astype(np.int64))
+        demand = np.where(local, local_demand, demand)
+        never_moves = (pclass == FULL) | ((pclass == ROWS) & (demand <= DEMAND_ROWS)) | (
+            (pclass == SUMS) & (demand == DEMAND_SUM))
+        keep = ~local | ((local_demand >= 0) & ~never_moves)
+        kept = keep[use_of]
+        use_of, consumer_unit = use_of[kept], consumer_unit[kept]
+    span = int(consumer_unit.max()) + 2 if consumer_unit.size else 1  # units are >= NO_UNIT = -1
+    unit_sets = np.unique(use_of * span + consumer_unit + 1)
+    bounds = np.searchsorted(unit_sets // span, np.arange(use_ids.size + 1)).tolist()
+    return keep, demand, (unit_sets % span - 1).tolist(), bounds
 
 
 def _local_successors(graph: OpGraph, assignment: np.ndarray, op_unit: np.ndarray, num_units: int) -> list[tuple]:

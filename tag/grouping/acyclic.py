@@ -43,7 +43,7 @@ from tag.errors import GraphError
 from tag.grouping.errors import GroupingError
 
 __all__ = ["repair_acyclic", "refine_acyclic", "RepairStats", "topological_chunks", "edge_cut", "quotient_is_dag",
-           "dag_order"]
+           "quotients_are_dags", "dag_order"]
 
 
 class RepairStats(NamedTuple):
