@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import itertools
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["csr_from_lists", "edge_arrays", "kahn_order"]
+__all__ = ["csr_from_lists", "edge_arrays", "grown", "kahn_order"]
 
 
 def csr_from_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -16,6 +16,20 @@ def csr_from_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarr
     np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)), out=ptr[1:])
     values = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(ptr[-1]))
     return ptr, values
+
+
+def grown(array: np.ndarray, size: int, fill: Any) -> np.ndarray:
+    """``array`` if it holds ``size`` rows, else a copy into doubled capacity (at least ``size`` rows, the
+    shape past the first axis kept), new rows set to ``fill``."""
+    capacity = len(array)
+    if size <= capacity:
+        return array
+    capacity = max(capacity, 1)
+    while capacity < size:
+        capacity *= 2
+    out = np.full((capacity,) + array.shape[1:], fill, dtype=array.dtype)
+    out[:len(array)] = array
+    return out
 
 
 def edge_arrays(num_nodes: int, src: Sequence[int], dst: Sequence[int], error: type[Exception],

@@ -75,8 +75,10 @@ from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.grouping import GroupGraph
 from tag.grouping.acyclic import dag_order
-from tag.sim.kernels import (_jit, int_table, list_schedule, merge_chunks, peak_memory, successor_lists,
-                             table_look_up, table_store)
+from tag._arrays import csr_from_lists, grown
+from tag._compiled import jit
+from tag.sim.kernels import (int_table, list_schedule, merge_chunks, peak_memory, successor_lists, table_look_up,
+                             table_store)
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
                                TASK_COMPUTE, TASK_TRANSFER)
@@ -122,8 +124,10 @@ _GROUP_COLUMNS = {"task": ("duration", "kind", "group", "nres"), "res": ("res",)
                   "read": ("read_tensor", "read_task")}  # what _compile_replicated stores, by table
 _PAIR_COLUMNS = {"task": ("duration", "kind", "nres"), "res": ("res",), "dep": ("dep_task", "dep_on"),
                  "tensor": ("tensor_device", "tensor_bytes", "tensor_producer"),
-                 "read": ("read_tensor", "read_task")}  # what _pair_fragments returns, by table (a pair
-#                fragment's tasks take their group, the consumer's, from the pair at assembly: pairs share them)
+                 "read": ("read_tensor", "read_task")}  # what _pair_fragments returns, by table
+# :func:`_assemble` gives a group fragment's tasks its group and a pair fragment's the consumer's (so pairs of
+# one template share one fragment); the arena's group column keeps the groups the fragments were built with,
+# which assembly does not read.
 _FIRST_COLUMN = {"task": "duration", "res": "res", "dep": "dep_task", "tensor": "tensor_device",
                  "read": "read_tensor"}  # a column of each table every fragment gives as a list or an array
 
@@ -230,7 +234,7 @@ class _Arena(_Columns):
 
     def _set_meta(self, ids: np.ndarray, rows: np.ndarray) -> None:
         """The fragment table's rows of the fragments ``ids`` (ascending)."""
-        self.meta = _grown(self.meta, int(ids[-1]) + 1 if len(ids) else 0, 0)
+        self.meta = grown(self.meta, int(ids[-1]) + 1 if len(ids) else 0, 0)
         self.meta[ids] = rows
 
     @property
@@ -665,13 +669,14 @@ class StrategyEvaluator:
             stale = touched[0] if len(touched) == 1 else np.unique(np.concatenate(touched))
             ids = ids.copy()
         # a pair's key: its two group fragments (P's in the high 32 bits), looked up all at once
-        codes = (groups[self._pair_p[stale]] << 32) | groups[self._pair_c[stale]]  # [stale]
+        fragments_p, fragments_c = groups[self._pair_p[stale]], groups[self._pair_c[stale]]  # [stale]
+        codes = (fragments_p << 32) | fragments_c
         found = table_look_up(self._pair_table, codes)
         ids[stale] = found
         missed = np.flatnonzero(found < 0)
         if missed.size:
             pairs = stale[missed]
-            fragments = self._new_pair_fragments(pairs, groups[self._pair_p[pairs]], groups[self._pair_c[pairs]])
+            fragments = self._new_pair_fragments(pairs, fragments_p[missed], fragments_c[missed])
             ids[pairs] = fragments
             table_store(self._pair_table, codes[missed], fragments)
         self._last_ids = (groups, ids)
@@ -704,10 +709,10 @@ class StrategyEvaluator:
             codes = (classes << (2 * _ROW_BITS)) | (row_p << _ROW_BITS) | row_c
             found = table_look_up(self._templates, codes)
             out[templated] = found
-            missed = found < 0
-            if missed.any():
-                new_codes, first, inverse = np.unique(codes[missed], return_index=True, return_inverse=True)
-                missed = templated[missed]
+            new_template = found < 0
+            if new_template.any():
+                new_codes, first, inverse = np.unique(codes[new_template], return_index=True, return_inverse=True)
+                missed = templated[new_template]  # positions of the pairs whose template is new
                 leaders = missed[first]
                 build = np.sort(np.concatenate([build, leaders]))
         if build.size == 0:
@@ -733,8 +738,8 @@ class StrategyEvaluator:
         templates (:meth:`_new_pair_fragments`); -1 past the ids a template code holds."""
         row = _interned(self._row_ids, layout.key[1:], _ROW_BITS)
         if row == len(self._row_layout):  # a new row
-            self._row_ps = _grown(self._row_ps, row + 1, False)
-            self._row_replicas = _grown(self._row_replicas, row + 1, 0)
+            self._row_ps = grown(self._row_ps, row + 1, False)
+            self._row_replicas = grown(self._row_replicas, row + 1, 0)
             self._row_ps[row], self._row_replicas[row] = layout.option == PS, len(layout.devices)
             self._row_layout.append(layout)
         return row
@@ -767,11 +772,8 @@ class StrategyEvaluator:
             uses = self._pair_uses.get(k)
             if uses is None:  # [uses] server offset, then the bytes and first use of each category as bytes
                 bundles = self.tables.bundles.get(self._pairs[k], [])
-                flat = [q for b in bundles for qs in b.uses for q in qs]
-                consumer = np.array([b.consumer_group for b in bundles for qs in b.uses for _ in qs], dtype=np.int64)
-                ptr = np.zeros(sum(len(b.uses) for b in bundles) + 1, dtype=np.int64)
-                np.cumsum([len(qs) for b in bundles for qs in b.uses], out=ptr[1:])
-                uses = self._pair_uses[k] = (consumer + self.tables.use_sync_index[flat],
+                ptr, flat = csr_from_lists([qs for b in bundles for qs in b.uses])  # every bundle's into C
+                uses = self._pair_uses[k] = (self._pairs[k][1] + self.tables.use_sync_index[flat],
                                              self.tables.use_bytes[flat].tobytes() + ptr.tobytes())
             ps = self._ps_class[(k, r)] = _interned(self._class_ids, (found, (uses[0] % r).tobytes(), uses[1]),
                                                     _CLASS_BITS)
@@ -813,12 +815,12 @@ class StrategyEvaluator:
         assert first == len(self._block_of), "fragment ids and recorded blocks out of step"
         for name in ("_block_replicas", "_block_mp", "_block_group", "_block_tasks", "_block_tensors",
                      "_block_device0", "_block_unit0", "_block_row"):
-            setattr(self, name, _grown(getattr(self, name), end, 0))
-        self._fragment_row = _grown(self._fragment_row, end, -1)
+            setattr(self, name, grown(getattr(self, name), end, 0))
+        self._fragment_row = grown(self._fragment_row, end, -1)
         self._fragment_row[first:end] = template_rows
         rows = self._num_blocks + np.arange(f)
         self._num_blocks += f
-        self._block_index = _grown(self._block_index, self._num_blocks, 0)
+        self._block_index = grown(self._block_index, self._num_blocks, 0)
         stored = self._block_store.extend({"device": devices, "tensor_first": tensor_first},
                                           {"device": devices.size, "unit": tensor_first.size})
         self._block_replicas[first:end] = replicas
@@ -838,10 +840,7 @@ class StrategyEvaluator:
         Where chunks are not merged they are stored compact (each replica's device and batch fraction:
         :func:`_assemble` lists the rows); where they are, their rows are built, merged and queued."""
         groups = np.array([layout.group for layout in layouts], dtype=np.int64)  # [F]
-        devices = [layout.devices for layout in layouts]
-        device_ptr = np.zeros(len(layouts) + 1, dtype=np.int64)
-        np.cumsum([len(d) for d in devices], out=device_ptr[1:])
-        device_list = np.fromiter(chain.from_iterable(devices), dtype=np.int64, count=device_ptr[-1])
+        device_ptr, device_list = csr_from_lists([layout.devices for layout in layouts])
         fractions = np.fromiter(chain.from_iterable(layout.fraction for layout in layouts), dtype=np.float64,
                                 count=device_ptr[-1])
         (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
@@ -1146,7 +1145,7 @@ class StrategyEvaluator:
         view = arena.view
         out = _assemble(arena.meta[:arena.stored], self._group_order, np.array(group_ids, dtype=np.int64),
                         np.asarray(pair_ids, dtype=np.int64), self._pair_p, self._pair_c, view("duration"),
-                        view("kind"), view("group"), view("nres"), view("res"), view("dep_task"), view("dep_on"),
+                        view("kind"), view("nres"), view("res"), view("dep_task"), view("dep_on"),
                         view("dep_lag"), view("tensor_device"), view("tensor_bytes"), view("tensor_producer"),
                         view("alloc_lag"), view("free_lag"), view("tensor_persistent"), view("read_tensor"),
                         view("read_task"), view("read_lag"), self._merging, self._link_base,
@@ -1201,15 +1200,6 @@ def _interned(ids: dict, key: Any, bits: int) -> int:
     return found
 
 
-def _grown(array: np.ndarray, size: int, fill) -> np.ndarray:
-    """``array`` if it holds ``size`` rows, else a copy with at least twice as many, new rows ``fill``."""
-    if len(array) >= size:
-        return array
-    grown = np.full((max(2 * len(array), size),) + array.shape[1:], fill, dtype=array.dtype)
-    grown[:len(array)] = array
-    return grown
-
-
 def _fragment_rows(rows: dict, columns: dict, counts: np.ndarray, ends: np.ndarray, f: int) -> dict:
     """Fragment f's rows out of a batch's ``rows`` (``columns``: its column names by table; counts [F, 5+]:
     each fragment's rows per table, ``ends`` their running sums [F, 5]); a one-value column stays one value."""
@@ -1218,7 +1208,7 @@ def _fragment_rows(rows: dict, columns: dict, counts: np.ndarray, ends: np.ndarr
             for k, table in enumerate(_TABLES) for name in columns[table]}
 
 
-@_jit
+@jit
 def _segmented(refs, counts, ends):
     """References [n] of F fragments (the first ``counts[0]`` the first fragment's, and so on) numbered
     across consecutive segments (fragment f's first segment ending before ``ends[f, 0]``, the next before
@@ -1243,8 +1233,8 @@ def _segmented(refs, counts, ends):
 # ------------------------------------------------------------------------------------------------ the kernel
 
 
-@_jit
-def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, a_duration, a_kind, a_group,
+@jit
+def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, a_duration, a_kind,
               a_nres, a_res, a_dep_task, a_dep_on, a_dep_lag, a_tensor_device, a_tensor_bytes, a_tensor_producer,
               a_alloc_lag, a_free_lag, a_tensor_persistent, a_read_tensor, a_read_task, a_read_lag, lagged, link_base,
               num_devices, c_device, c_fraction, device_type, unit_ptr, unit_ids, unit_rank, unit_time_fixed,
@@ -1304,9 +1294,9 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
 
     # Runs of tasks in global order: every fragment's early tasks (compute blocks, then the pairs'
     # transfers), then the pairs' late tasks. [runs] fragment, first and end task inside it, arena offset of
-    # the first one's resources, group of its tasks (-1: the arena's; a pair's tasks are its consumer's).
+    # the first one's resources, group of its tasks (a group fragment's own; a pair's tasks are its consumer's).
     run_fragment = np.empty(num_used + num_pairs, dtype=np.int64)
-    run_group = np.full(num_used + num_pairs, -1, dtype=np.int64)
+    run_group = np.empty(num_used + num_pairs, dtype=np.int64)
     run_begin = np.empty(num_used + num_pairs, dtype=np.int64)
     run_end = np.empty(num_used + num_pairs, dtype=np.int64)
     run_res = np.empty(num_used + num_pairs, dtype=np.int64)
@@ -1314,9 +1304,8 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
     for k in range(num_used):
         f = used[k]
         run_fragment[k], run_begin[k], run_end[k], run_res[k] = f, 0, meta[f, _EARLY], meta[f, _RES0]
+        run_group[k] = group_order[k] if k < num_groups else pair_c[k - num_groups]
         num_res += meta[f, _RES]
-    for k in range(num_pairs):
-        run_group[num_groups + k] = pair_c[k]
     runs = num_used
     for k in range(num_groups, num_used):
         f = used[k]
@@ -1362,7 +1351,7 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
         for i in range(first + run_begin[run], first + run_end[run]):
             duration[t] = a_duration[i]
             kind[t] = a_kind[i]
-            group[t] = a_group[i] if g < 0 else g
+            group[t] = g
             res_ptr[t] = h
             for j in range(offset, offset + a_nres[i]):
                 r = np.int64(a_res[j])
@@ -1437,7 +1426,7 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
             tensor_bytes, tensor_producer, alloc_lag, free_lag, tensor_persistent, read_tensor, read_task, read_lag)
 
 
-@_jit
+@jit
 def _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank, unit_out_rows, unit_out_fixed,
                   local_ptr, local_src, local_dst, local_dep, persistent, task_base, tensor_base, dep_task, dep_on,
                   read_tensor, read_task, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, e, q, n):
@@ -1485,7 +1474,7 @@ def _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank
     return e, q, n
 
 
-@_jit
+@jit
 def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_ids, unit_rank, unit_out_rows,
                        unit_out_fixed, local_ptr, local_src, local_dst, local_dep, persistent, num_devices, rows):
     """The group fragments of F replicated layouts, one after another: layout f is group ``groups[f]`` on the
@@ -1549,16 +1538,15 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
         if rows:
             e, q, n = _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank, unit_out_rows,
                                     unit_out_fixed, local_ptr, local_src, local_dst, local_dep, persistent, 0, 0,
-                                    dep_task,
-                                    dep_on, read_tensor, read_task, tensor_device, tensor_bytes, tensor_producer,
-                                    tensor_persistent, e, q, n)
+                                    dep_task, dep_on, read_tensor, read_task, tensor_device, tensor_bytes,
+                                    tensor_producer, tensor_persistent, e, q, n)
         t += units * r
         w += units
     return (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
             read_task, tensor_first, index, counts)
 
 
-@_jit
+@jit
 def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_kind, bundle_category,
                     consumer_first, consumer_end, category_bytes, category_count, bundle_consumer, list_rows,
                     sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts,
@@ -1756,7 +1744,7 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
             tensor_bytes, tensor_producer, read_tensor[:q].copy(), read_task[:q].copy(), counts)
 
 
-@_jit
+@jit
 def _replica(unit, device, replicas, index, devices, model_parallel):
     """The replica of producer unit ``unit`` (-1: input ops, none) on ``device``, -1 if it has none there; the
     producer's block has R = ``replicas`` replicas, ``index`` [D] (replica of each device), ``devices`` (its

@@ -21,6 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from tag._arrays import csr_from_lists
 from tag.cluster import Cluster
 from tag.cost.comm import hop_bandwidths
 from tag.grouping import quotients_are_dags
@@ -305,8 +306,7 @@ def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devi
         op_times = context.mp_op_times.get(key[1])
         if op_times is None:  # every group's splitter weighs its ops by these: computed once per type
             op_times = context.mp_op_times[key[1]] = gg.cost.op_times(graph, gpu)
-        splitter = context.mp_splitters[key] = GroupSplitter(graph, gg.group_members(group), cost=gg.cost, gpu=gpu,
-                                                             op_times=op_times)
+        splitter = context.mp_splitters[key] = GroupSplitter(graph, gg.group_members(group), op_times=op_times)
     where = splitter.split(context.speed[list(devices)])  # [len(ops)] index into devices (split_group)
     units = _group_units(tables, context, group)
     slot = where[units.position]  # [n] device index of each op, unit by unit
@@ -361,11 +361,8 @@ def _group_units(tables: CompilerTables, context: ClusterContext, group: int) ->
     graph = gg.op_graph
     units_by_group = [tables.group_units[g] for g in range(gg.num_groups)]
     units = np.concatenate(units_by_group)
-    sizes = np.array([tables.unit_ops[u].size for u in units.tolist()], dtype=np.int64)
-    ptr = np.zeros(units.size + 1, dtype=np.int64)
-    np.cumsum(sizes, out=ptr[1:])
-    ops = np.concatenate([tables.unit_ops[u] for u in units.tolist()]) if units.size else np.zeros(0, np.int64)
-    unit_index = np.repeat(np.arange(units.size), sizes)
+    ptr, ops = csr_from_lists([tables.unit_ops[u] for u in units.tolist()])
+    unit_index = np.repeat(np.arange(units.size), np.diff(ptr))
     local = np.arange(ops.size) - ptr[unit_index]  # index of each op among its unit's
     op_position = np.full(graph.num_ops, -1, dtype=np.int64)  # [N] index into ``ops``, -1: in no unit
     op_position[ops] = np.arange(ops.size)

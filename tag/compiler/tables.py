@@ -354,10 +354,11 @@ def _uses(graph: OpGraph, assignment: np.ndarray, demand: np.ndarray):
     return producer, consumer_group, pclass, need, nbytes, consumer_ptr, (pairs % graph.num_ops).astype(np.int64)
 
 
-def always_local(pclass: int, demand: int) -> bool:
+def always_local(pclass, demand):
     """A use inside one group that is not model-parallel never moves data: every replica holds what it reads
-    (its own rows, its own partial for a partial-sum consumer, or a whole tensor)."""
-    return pclass == FULL or (pclass == ROWS and demand <= DEMAND_ROWS) or (pclass == SUMS and demand == DEMAND_SUM)
+    (its own rows, its own partial for a partial-sum consumer, or a whole tensor). Ints give a bool, arrays an
+    array of them."""
+    return (pclass == FULL) | ((pclass == ROWS) & (demand <= DEMAND_ROWS)) | ((pclass == SUMS) & (demand == DEMAND_SUM))
 
 
 def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarray, *, skip_local: bool,
@@ -438,9 +439,7 @@ def _consumer_units(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.nda
         local_demand = np.full(use_ids.size, -1, dtype=np.int64)  # -1: no reader left
         np.maximum.at(local_demand, use_of, tables.op_demand[consumer].astype(np.int64))
         demand = np.where(local, local_demand, demand)
-        never_moves = (pclass == FULL) | ((pclass == ROWS) & (demand <= DEMAND_ROWS)) | (
-            (pclass == SUMS) & (demand == DEMAND_SUM))
-        keep = ~local | ((local_demand >= 0) & ~never_moves)
+        keep = ~local | ((local_demand >= 0) & ~always_local(pclass, demand))
         kept = keep[use_of]
         use_of, consumer_unit = use_of[kept], consumer_unit[kept]
     span = int(consumer_unit.max()) + 2 if consumer_unit.size else 1  # units are >= NO_UNIT = -1

@@ -94,11 +94,7 @@ def _kahn_order(ptr, succ, indegree):
 
 def quotient_is_dag(src: np.ndarray, dst: np.ndarray, labels: np.ndarray) -> bool:
     """Whether contracting each label class of a graph's nodes gives a DAG (self loops ignored)."""
-    labels = np.asarray(labels, dtype=np.int64)
-    if labels.size and labels.min() < 0:
-        raise GroupingError(f"quotient_is_dag: labels must be non-negative, got {int(labels.min())}")
-    num = int(labels.max()) + 1 if labels.size else 0
-    return bool(_quotient_is_dag(np.asarray(src, dtype=np.int64), np.asarray(dst, dtype=np.int64), labels, num))
+    return bool(quotients_are_dags([0, np.size(labels)], [0, np.size(src)], src, dst, labels, [0])[0])
 
 
 def quotients_are_dags(node_ptr: np.ndarray, edge_ptr: np.ndarray, src: np.ndarray, dst: np.ndarray,

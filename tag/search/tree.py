@@ -18,6 +18,8 @@ from typing import Any
 
 import numpy as np
 
+from tag._arrays import grown
+
 __all__ = ["Tree", "ROOT", "UNVISITED", "NO_PARENT", "UNEXPANDED"]
 
 ROOT = 0  # node id of the root (the empty assignment)
@@ -27,18 +29,6 @@ UNEXPANDED = -1  # edge_start of a node whose candidate actions are not enumerat
 
 _INITIAL_NODES = 64
 _INITIAL_EDGES = 1024
-
-
-def _grown(array: np.ndarray, size: int, fill: Any) -> np.ndarray:
-    """``array`` copied into one of capacity ≥ ``size`` (doubling), new slots set to ``fill``."""
-    capacity = len(array)
-    if size <= capacity:
-        return array
-    while capacity < size:
-        capacity *= 2
-    out = np.full(capacity, fill, dtype=array.dtype)
-    out[: len(array)] = array
-    return out
 
 
 @dataclass
@@ -87,14 +77,14 @@ class Tree:
         """A new unexpanded node reached from ``parent`` by ``action``; links the parent's edge to it."""
         node = self.num_nodes
         size = node + 1
-        self.visits = _grown(self.visits, size, 0)
-        self.value_sum = _grown(self.value_sum, size, 0.0)
-        self.parent = _grown(self.parent, size, NO_PARENT)
-        self.action = _grown(self.action, size, NO_PARENT)
-        self.depth = _grown(self.depth, size, 0)
-        self.edge_start = _grown(self.edge_start, size, UNEXPANDED)
-        self.num_edges = _grown(self.num_edges, size, 0)
-        self.exhausted = _grown(self.exhausted, size, False)
+        self.visits = grown(self.visits, size, 0)
+        self.value_sum = grown(self.value_sum, size, 0.0)
+        self.parent = grown(self.parent, size, NO_PARENT)
+        self.action = grown(self.action, size, NO_PARENT)
+        self.depth = grown(self.depth, size, 0)
+        self.edge_start = grown(self.edge_start, size, UNEXPANDED)
+        self.num_edges = grown(self.num_edges, size, 0)
+        self.exhausted = grown(self.exhausted, size, False)
         self.parent[node] = parent
         self.action[node] = action
         if parent != NO_PARENT:
@@ -111,9 +101,9 @@ class Tree:
         count = len(prior)
         start = self.num_edge_slots
         size = start + count
-        self.prior = _grown(self.prior, size, 0.0)
-        self.valid = _grown(self.valid, size, False)
-        self.child = _grown(self.child, size, UNVISITED)
+        self.prior = grown(self.prior, size, 0.0)
+        self.valid = grown(self.valid, size, False)
+        self.child = grown(self.child, size, UNVISITED)
         self.prior[start:size] = prior
         self.valid[start:size] = valid
         self.edge_start[node] = start
