@@ -412,6 +412,50 @@ class _BundleStore(_Columns):
                                                   "nbytes", "count", "consumer"))
 
 
+class _BlockStore(_Columns):
+    """The compute blocks of group fragments as :func:`_pair_fragments` reads them, by fragment id (the rows of
+    pair fragments' ids are unused): replicas R, whether model-parallel, the tasks and tensors it numbers, its
+    first device and unit (devices: a replicated block's R replicas, a model-parallel one's pieces; units: each
+    unit's or piece's first output tensor, -1), its row of ``index`` ([blocks, D] replica of each device, -1:
+    one row per block, not per fragment id), and its layout's row for templates (-1: none)."""
+
+    def __init__(self, num_devices: int) -> None:
+        super().__init__({"replicas": (np.int64, "fragment"), "mp": (np.bool_, "fragment"),
+                          "tasks": (np.int64, "fragment"), "tensors": (np.int64, "fragment"),
+                          "device0": (np.int64, "fragment"), "unit0": (np.int64, "fragment"),
+                          "row": (np.int64, "fragment"), "template": (np.int64, "fragment"),
+                          "device": (np.int64, "device"), "tensor_first": (np.int64, "unit")})
+        self.index = np.zeros((256, num_devices), dtype=np.int64)
+        self.num_blocks = 0
+
+    def add(self, first: int, model_parallel: bool, replicas: np.ndarray, tasks: np.ndarray, tensors: np.ndarray,
+            devices: np.ndarray, device_counts: np.ndarray, tensor_first: np.ndarray, unit_counts: np.ndarray,
+            index: np.ndarray, template_rows: Any) -> None:
+        """Record the blocks of the group fragments ``first``, ``first + 1``, ... (F of them, all model-parallel
+        or all replicated): replicas, tasks and tensors [F], each one's devices (``device_counts`` [F] of them,
+        one after another) and its units' first output tensors (``unit_counts``), index [F, D] and template
+        rows (one value or [F])."""
+        f = len(replicas)
+        gap = first - self.size["fragment"]  # the pair fragments numbered since the last block
+        if gap:
+            self.extend({}, {"fragment": gap, "device": 0, "unit": 0})
+        rows = self.num_blocks + np.arange(f)
+        self.num_blocks += f
+        self.index = grown(self.index, self.num_blocks, 0)
+        self.index[rows] = index
+        size = self.size
+        self.extend({"replicas": replicas, "mp": model_parallel, "tasks": tasks, "tensors": tensors,
+                     "device0": size["device"] + np.cumsum(device_counts) - device_counts,
+                     "unit0": size["unit"] + np.cumsum(unit_counts) - unit_counts, "row": rows,
+                     "template": template_rows, "device": devices, "tensor_first": tensor_first},
+                    {"fragment": f, "device": devices.size, "unit": tensor_first.size})
+
+    def arrays(self) -> tuple:
+        """The 8 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
+        return (self.view("replicas"), self.view("mp"), self.view("row"), self.index, self.view("device0"),
+                self.view("unit0"), self.view("device"), self.view("tensor_first"))
+
+
 class _Assembled(NamedTuple):
     """Global columns of one strategy's TaskGraph (T tasks, N tensors, K tensor reads, E dependencies); ids
     and counts are int32, which keeps the kernels' working set in cache."""
@@ -442,7 +486,6 @@ class _GroupBlock(NamedTuple):
     merged chunks move a pair's references); what the kernel reads is in the evaluator's block arrays."""
 
     layout: GroupLayout
-    tensors: int  # its compute tasks' output tensors (numbered first; the persistent ones follow)
     merged: int  # its tasks once the chunks of each part are merged (what the arena stores)
     new_id: np.ndarray | None  # [tasks] merged task of each chunk task (None: no chunks are merged)
     start_lag: np.ndarray | None  # [tasks] where each chunk task starts inside its merged task (seconds)
@@ -537,7 +580,6 @@ class StrategyEvaluator:
         self._row_ids: dict[tuple, int] = {}  # a layout's key less its group -> its row id (_row_of)
         self._row_layout: list[GroupLayout] = []  # [rows] a layout of each
         self._row_ps = np.zeros(0, dtype=np.bool_)  # [rows] whether its option is PS
-        self._row_replicas = np.zeros(0, dtype=np.int64)  # [rows] its devices
         self._pair_class = np.full(len(pairs), -1, dtype=np.int64)  # [P] _pair_class_of without PS, -1 not yet
         self._ps_class: dict[tuple[int, int], int] = {}  # (pair, R) -> _pair_class_of under a PS consumer
         self._pair_uses: dict[int, tuple] = {}  # pair -> its uses as _pair_class_of keys them under a PS consumer
@@ -549,7 +591,6 @@ class StrategyEvaluator:
         self._group_fragments: list[dict] = [{} for _ in range(self.group_graph.num_groups)]  # [G] key -> id
         self._pair_table = int_table()  # (group fragment of P) << 32 | (of C) -> the pair fragment's id
         self._templates = int_table()  # template (class, P's row, C's row as bits) -> the pair fragment's id
-        self._fragment_row = np.full(1024, -1, dtype=np.int64)  # group fragment id -> its layout's row id, -1
         self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
         self._skeletons = _Skeletons(self.cluster.num_devices)
         self._skeleton_lists: dict[tuple, list] = {}  # (kind set, P's row, C's row) -> _pair_skeletons' list
@@ -557,22 +598,7 @@ class StrategyEvaluator:
         self._list_rows = _Columns({"row": (np.int64, "row")})
         self._pair_static: dict[tuple[int, int], _PairBundles] = {}  # replicated pairs' bundles (in the store)
         self._bundles = _BundleStore()  # every pair's bundles, model-parallel pairs' once per build
-        # per fragment id, its compute block as pair fragments read it (rows of pair fragments unused): its
-        # replicas R, whether it is model-parallel, its group, the tasks and tensors it numbers, its first
-        # device and unit in the block store (devices: a replicated block's R replicas, a model-parallel one's
-        # pieces; units: each unit's or piece's first output tensor, -1), and its row of _block_index
-        # ([blocks, D] replica of each device, -1: one row per block, not per fragment id)
-        self._block_replicas = np.zeros(1024, dtype=np.int64)
-        self._block_mp = np.zeros(1024, dtype=np.bool_)
-        self._block_group = np.zeros(1024, dtype=np.int64)
-        self._block_tasks = np.zeros(1024, dtype=np.int64)
-        self._block_tensors = np.zeros(1024, dtype=np.int64)
-        self._block_device0 = np.zeros(1024, dtype=np.int64)
-        self._block_unit0 = np.zeros(1024, dtype=np.int64)
-        self._block_row = np.zeros(1024, dtype=np.int64)
-        self._block_index = np.zeros((256, self.cluster.num_devices), dtype=np.int64)
-        self._num_blocks = 0
-        self._block_store = _Columns({"device": (np.int64, "device"), "tensor_first": (np.int64, "unit")})
+        self._blocks = _BlockStore(self.cluster.num_devices)  # group fragments' blocks, for pair fragments
         self._last_ids: tuple[np.ndarray | None, np.ndarray | None] = (None, None)  # ([G] group, [P] pair fragments)
         self._last_groups: tuple | None = None  # ([G] row codes, [G] options, batch split, [G] group fragments)
 
@@ -692,7 +718,8 @@ class StrategyEvaluator:
         all at once). The rest are built: the skeletons of each first, stored in one go, then the
         fragments, in pair order, by one :meth:`_compile_pairs`."""
         out = np.full(pairs.size, -1, dtype=np.int64)
-        row_p, row_c = self._fragment_row[fragments_p], self._fragment_row[fragments_c]  # [M] -1: no template
+        template = self._blocks.view("template")
+        row_p, row_c = template[fragments_p], template[fragments_c]  # [M] -1: no template
         templated = np.flatnonzero((row_p >= 0) & (row_c >= 0))
         build = np.flatnonzero((row_p < 0) | (row_c < 0))  # positions of the pairs to build
         leaders = None  # positions of the first pair of each new template, if any
@@ -727,7 +754,7 @@ class StrategyEvaluator:
             for found in new:
                 found[1] = start
                 start += len(found[0])
-        out[build] = self._compile_pairs(keys, prepared)
+        out[build] = self._compile_pairs(pairs[build], keys, prepared)
         if leaders is not None:
             out[missed] = out[leaders][inverse]
             table_store(self._templates, new_codes, out[leaders])
@@ -739,8 +766,7 @@ class StrategyEvaluator:
         row = _interned(self._row_ids, layout.key[1:], _ROW_BITS)
         if row == len(self._row_layout):  # a new row
             self._row_ps = grown(self._row_ps, row + 1, False)
-            self._row_replicas = grown(self._row_replicas, row + 1, 0)
-            self._row_ps[row], self._row_replicas[row] = layout.option == PS, len(layout.devices)
+            self._row_ps[row] = layout.option == PS
             self._row_layout.append(layout)
         return row
 
@@ -766,7 +792,7 @@ class StrategyEvaluator:
             self._pair_class[k] = found
         if found < 0 or not self._row_ps[row_c]:
             return found
-        r = int(self._row_replicas[row_p])
+        r = len(self._row_layout[row_p].devices)
         ps = self._ps_class.get((k, r))
         if ps is None:
             uses = self._pair_uses.get(k)
@@ -795,43 +821,19 @@ class StrategyEvaluator:
         pieces = range(first_piece, first_piece + len(layout.pieces))
         piece_device = np.array([piece.device for piece in layout.pieces], dtype=np.int64)
         tensor_first = np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64)
-        self._add_blocks(fragment, True, np.array([layout.group]), np.ones(1, dtype=np.int64), np.array([block[2]]),
-                         np.array([block[3]]), piece_device, np.array([piece_device.size]), tensor_first,
-                         np.array([tensor_first.size]), np.full((1, self.cluster.num_devices), -1, dtype=np.int64))
-        self._block_of.append(_GroupBlock(layout, block[3], num_merged, new_id, start_lag, end_lag))
+        self._add_blocks(fragment, True, np.ones(1, dtype=np.int64), np.array([block[2]]), np.array([block[3]]),
+                         piece_device, np.array([piece_device.size]), tensor_first, np.array([tensor_first.size]),
+                         np.full((1, self.cluster.num_devices), -1, dtype=np.int64))
+        self._block_of.append(_GroupBlock(layout, num_merged, new_id, start_lag, end_lag))
         return fragment
 
-    def _add_blocks(self, first: int, model_parallel: bool, groups: np.ndarray, replicas: np.ndarray,
-                    tasks: np.ndarray, tensors: np.ndarray, devices: np.ndarray, device_counts: np.ndarray,
-                    tensor_first: np.ndarray, unit_counts: np.ndarray, index: np.ndarray,
-                    template_rows: Any = -1) -> None:
-        """Record the compute blocks of the group fragments ``first``, ``first + 1``, ... (F of them, all
-        model-parallel or all replicated) as :func:`_pair_fragments` reads them: groups, replicas, tasks and
-        tensors [F], each one's devices (replicas or pieces: ``device_counts`` [F] of them, one after another)
-        and its units' first output tensors (``unit_counts``), and index [F, D] (replica of each device, -1);
-        and each one's layout row for templates (:meth:`_row_of`; -1: none)."""
-        f = len(groups)
-        end = first + f
+    def _add_blocks(self, first: int, model_parallel: bool, replicas: np.ndarray, tasks: np.ndarray,
+                    tensors: np.ndarray, devices: np.ndarray, device_counts: np.ndarray, tensor_first: np.ndarray,
+                    unit_counts: np.ndarray, index: np.ndarray, template_rows: Any = -1) -> None:
+        """Record the compute blocks of the group fragments ``first``, ``first + 1``, ... (:meth:`_BlockStore.add`)."""
         assert first == len(self._block_of), "fragment ids and recorded blocks out of step"
-        for name in ("_block_replicas", "_block_mp", "_block_group", "_block_tasks", "_block_tensors",
-                     "_block_device0", "_block_unit0", "_block_row"):
-            setattr(self, name, grown(getattr(self, name), end, 0))
-        self._fragment_row = grown(self._fragment_row, end, -1)
-        self._fragment_row[first:end] = template_rows
-        rows = self._num_blocks + np.arange(f)
-        self._num_blocks += f
-        self._block_index = grown(self._block_index, self._num_blocks, 0)
-        stored = self._block_store.extend({"device": devices, "tensor_first": tensor_first},
-                                          {"device": devices.size, "unit": tensor_first.size})
-        self._block_replicas[first:end] = replicas
-        self._block_mp[first:end] = model_parallel
-        self._block_group[first:end] = groups
-        self._block_tasks[first:end] = tasks
-        self._block_tensors[first:end] = tensors
-        self._block_device0[first:end] = stored["device"] + np.cumsum(device_counts) - device_counts
-        self._block_unit0[first:end] = stored["unit"] + np.cumsum(unit_counts) - unit_counts
-        self._block_row[first:end] = rows
-        self._block_index[rows] = index
+        self._blocks.add(first, model_parallel, replicas, tasks, tensors, devices, device_counts, tensor_first,
+                         unit_counts, index, template_rows)
 
     def _compile_replicated(self, layouts: list[GroupLayout]) -> list[int]:
         """The group fragments of F replicated layouts, returning their ids. One call of
@@ -852,7 +854,7 @@ class StrategyEvaluator:
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
         replicas = np.diff(device_ptr)
         # the ids the arena gives next; templates only where the fragments are compact
-        self._add_blocks(self._arena.num_fragments, False, groups, replicas, counts[:, 0], counts[:, 5],
+        self._add_blocks(self._arena.num_fragments, False, replicas, counts[:, 0], counts[:, 5],
                          device_list, replicas, tensor_first, units, index,
                          -1 if self._merging else [self._row_of(layout) for layout in layouts])
         fragments = []
@@ -867,9 +869,8 @@ class StrategyEvaluator:
             first = self._arena.add_compact(groups, replicas, device_list, fractions, counts[:, :5])
             fragments = list(range(first, first + len(layouts)))
         for f, layout in enumerate(layouts):
-            tasks, tensors = int(counts[f, 0]), int(counts[f, 5])
             new_id = start_lag = end_lag = None
-            merged = tasks
+            merged = int(counts[f, 0])
             if self._merging:  # each fragment's chunks merged on its own
                 one = _fragment_rows(rows, _GROUP_COLUMNS, counts, ends, f)
                 part = self.tables.unit_part[self.tables.group_units[layout.group]]
@@ -877,7 +878,7 @@ class StrategyEvaluator:
                 one, new_id, start_lag, end_lag = self._merge_group(one, merge_key)
                 merged = len(one["duration"])
                 fragments.append(self._arena.add(one, (0, 0, 0, 0), merged))
-            self._block_of.append(_GroupBlock(layout, tensors, merged, new_id, start_lag, end_lag))
+            self._block_of.append(_GroupBlock(layout, merged, new_id, start_lag, end_lag))
         return fragments
 
     def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, Any, Any, Any]:
@@ -910,14 +911,13 @@ class StrategyEvaluator:
         }
         return merged, new_id, start_lag, end_lag
 
-    def _localize_pair(self, rows: dict, block_p: _GroupBlock, block_c: _GroupBlock, same: bool) -> tuple[dict, tuple]:
-        """A pair fragment's rows, built against P's and C's chunk tasks, moved onto their merged tasks: task
-        references renumbered, lags computed (as :func:`tag.sim.kernels.merge_chunks` computes them), the
-        dependencies inside one merged task dropped. Returns (rows, blocks for the fragment table). Where no
-        chunks are merged, the references stand (the arena drops a dependency of a task on itself)."""
-        blocks = (block_p.merged, 0 if same else block_c.merged, block_p.tensors, 0 if same else block_c.tensors)
-        if not self._merging:
-            return rows, blocks
+    def _localize_pair(self, rows: dict, block_p: _GroupBlock, block_c: _GroupBlock, same: bool,
+                       tensors: tuple[int, int]) -> tuple[dict, tuple]:
+        """A pair fragment's rows, built against P's and C's chunk tasks, moved onto their merged tasks (chunks
+        are merged): task references renumbered, lags computed (as :func:`tag.sim.kernels.merge_chunks`
+        computes them), the dependencies inside one merged task dropped. Returns (rows, blocks for the fragment
+        table: P's and C's merged tasks, then ``tensors``, the tensors they number)."""
+        blocks = (block_p.merged, 0 if same else block_c.merged, *tensors)
         own = len(rows["duration"])
         duration = np.asarray(rows["duration"], dtype=np.float64)
         parts_new = [block_p.new_id]
@@ -958,8 +958,8 @@ class StrategyEvaluator:
         pairs = [(position[u], position[v]) for u in self.tables.group_units[group].tolist() for v in succ[u]]
         return np.array([a for a, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.int64)
 
-    def _compile_pairs(self, keys: list[tuple[int, int]], prepared: list[tuple]) -> list[int]:
-        """The pair fragments of M pairs of group fragments ``keys`` (P's, C's), from their
+    def _compile_pairs(self, pairs: np.ndarray, keys: list[tuple[int, int]], prepared: list[tuple]) -> list[int]:
+        """The pair fragments of M pairs of groups ``pairs`` between group fragments ``keys`` (P's, C's), from their
         :meth:`_pair_skeletons` (skeletons stored), built by one call of :func:`_pair_fragments` and queued in
         the arena; returns their ids. The kernel reads the blocks, bundles and skeleton lists from the
         evaluator's stores; only the collectives are gathered per pair."""
@@ -975,18 +975,17 @@ class StrategyEvaluator:
                 self._collectives(static.first, static.bundles, static.kind_of, collectives, collective_bundle,
                                   holder_ptr, holders, collective_seconds, held_ptr, held)
             collective_ptr.append(len(collective_bundle))
-        same = self._block_group[fragment_p] == self._block_group[fragment_c]  # a group's pair with itself
-        tasks_p, tensors_p = self._block_tasks[fragment_p], self._block_tensors[fragment_p]
-        blocks = np.column_stack([tasks_p, np.where(same, 0, self._block_tasks[fragment_c]), tensors_p,
-                                  np.where(same, 0, self._block_tensors[fragment_c])])  # [M, 4]
+        same = self._pair_p[pairs] == self._pair_c[pairs]  # a group's pair with itself
+        tasks, tensors = self._blocks.view("tasks"), self._blocks.view("tensors")
+        tasks_p = tasks[fragment_p]
+        blocks = np.column_stack([tasks_p, np.where(same, 0, tasks[fragment_c]), tensors[fragment_p],
+                                  np.where(same, 0, tensors[fragment_c])])  # [M, 4]
         first_task, first_tensor = blocks[:, 0] + blocks[:, 1], blocks[:, 2] + blocks[:, 3]
         (duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
          read_task, counts) = _pair_fragments(
             first_bundle, bundle_end, list_first, *self._bundles.arrays(), self._list_rows.view("row"),
-            *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, self._block_replicas,
-            self._block_mp, self._block_row, self._block_index, self._block_device0, self._block_unit0,
-            self._block_store.view("device"), self._block_store.view("tensor_first"), np.where(same, 0, tasks_p),
-            first_task, first_tensor,
+            *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, *self._blocks.arrays(),
+            np.where(same, 0, tasks_p), first_task, first_tensor,
             np.array(collective_ptr, dtype=np.int64), np.array(collective_bundle, dtype=np.int64),
             np.array(holder_ptr, dtype=np.int64), np.array(holders, dtype=np.int64),
             np.array(collective_seconds, dtype=np.float64), np.array(held_ptr, dtype=np.int64),
@@ -1003,7 +1002,8 @@ class StrategyEvaluator:
         fragments = []
         for m, (p, c) in enumerate(keys):
             one = _fragment_rows(rows, _PAIR_COLUMNS, counts, ends, m)
-            one, merged_blocks = self._localize_pair(one, self._block_of[p], self._block_of[c], bool(same[m]))
+            one, merged_blocks = self._localize_pair(one, self._block_of[p], self._block_of[c], bool(same[m]),
+                                                     (int(blocks[m, 2]), int(blocks[m, 3])))
             fragments.append(self._arena.add(one, merged_blocks, int(counts[m, 5])))
         return fragments
 
