@@ -434,23 +434,16 @@ def peak_memory(num_devices, tensor_device, tensor_bytes, tensor_persistent, pro
     for k in range(runs):
         r = order[k]
         i0 = run_first[r]
-        i1 = run_first[r + 1]
-        if i0 >= n:  # allocations
-            for f in range(i0 - n, i1 - n):
-                if tensor_persistent[f]:
-                    continue
-                d = tensor_device[f]
-                live[d] += tensor_bytes[f]
-                if live[d] > peak[d]:
-                    peak[d] = live[d]
-        else:
-            for f in range(i0, i1):
-                if tensor_persistent[f]:
-                    continue
-                d = tensor_device[f]
-                live[d] += -tensor_bytes[f]
-                if live[d] > peak[d]:
-                    peak[d] = live[d]
+        allocations = i0 >= n
+        base = n if allocations else 0
+        sign = 1.0 if allocations else -1.0
+        for f in range(i0 - base, run_first[r + 1] - base):
+            if tensor_persistent[f]:
+                continue
+            d = tensor_device[f]
+            live[d] += sign * tensor_bytes[f]
+            if live[d] > peak[d]:
+                peak[d] = live[d]
     return persistent + peak
 
 
