@@ -381,6 +381,7 @@ class _Compiler:
                 self._local_dependencies(g)
         if len(context.plans) > _MAX_CACHED_PLANS:  # a long search: start over rather than grow without bound
             context.plans.clear()
+        self.dynamic_bundles_of([(p, c) for p, c in tables.pair_uses if mp[p] or mp[c]], op_unit, mp)
         for pair in tables.pair_uses:
             self._pair(pair, op_unit, mp)
         self._emit_collectives()
@@ -439,21 +440,35 @@ class _Compiler:
                 plan = plans[key] = self._plan_bundle(bundle, layout_p, layout_c)
             self._instantiate(bundle, plan)
 
-    def _dynamic_bundles(self, pair: tuple[int, int], op_unit: np.ndarray | None, mp: list[bool]) -> list[Bundle]:
-        """Bundles of a pair of groups one of which is model-parallel (by its pieces), cached per layouts;
-        ``op_unit`` None: made from the pair's layouts on a miss (the evaluator, one pair at a time)."""
-        group_p, group_c = pair
-        key = ("bundles", pair, self.layouts[group_p].key if mp[group_p] else None,
-               self.layouts[group_c].key if mp[group_c] else None)
-        bundles = self.context.plans.get(key)
-        if bundles is None:
+    def _dynamic_bundles(self, pair: tuple[int, int], op_unit: np.ndarray | None, mp) -> list[Bundle]:
+        """Bundles of a pair of groups one of which is model-parallel (by its pieces), cached per layouts
+        (:meth:`dynamic_bundles_of`)."""
+        return self.dynamic_bundles_of([pair], op_unit, mp)[0]
+
+    def dynamic_bundles_of(self, pairs: list[tuple[int, int]], op_unit: np.ndarray | None, mp) -> list[list[Bundle]]:
+        """:meth:`_dynamic_bundles` of each pair, cached per layouts; those not cached are made together, one
+        :func:`make_bundles` call for the pairs from replicated groups and one for those from model-parallel
+        ones (bundles never span pairs, so each pair's are as a call of its own would make them). ``mp[g]``:
+        whether group g is model-parallel; ``op_unit`` None: made from the layouts of the pairs' groups."""
+        layouts, plans = self.layouts, self.context.plans
+        keys = [("bundles", (p, c), layouts[p].key if mp[p] else None, layouts[c].key if mp[c] else None)
+                for p, c in pairs]
+        missing = list({key: i for i, key in enumerate(keys) if key not in plans}.values())  # each pair once
+        if missing:
             if op_unit is None:
-                op_unit = self._op_unit(pair)
-            op_device = dict(self.layouts[group_p].op_device) if mp[group_p] else {}
-            bundles = make_bundles(self.tables, self.tables.pair_uses[pair], op_unit, skip_local=not mp[group_p],
-                                   op_device=op_device).get(pair, [])
-            self.context.plans[key] = bundles
-        return bundles
+                op_unit = self._op_unit(sorted({g for i in missing for g in pairs[i]}))
+            for from_mp in (False, True):
+                batch = [i for i in missing if bool(mp[pairs[i][0]]) == from_mp]
+                if not batch:
+                    continue
+                op_device = {}
+                for p in {pairs[i][0] for i in batch} if from_mp else ():
+                    op_device.update(layouts[p].op_device)
+                uses = np.concatenate([self.tables.pair_uses[pairs[i]] for i in batch])
+                made = make_bundles(self.tables, uses, op_unit, skip_local=not from_mp, op_device=op_device)
+                for i in batch:
+                    plans[keys[i]] = made.get(pairs[i], [])
+        return [plans[key] for key in keys]
 
     # ------------------------------------------------------------------ compute tasks
     def _replica_tasks(self, g: int) -> None:

@@ -745,6 +745,7 @@ class StrategyEvaluator:
         if build.size == 0:
             return out
         keys = list(zip(fragments_p[build].tolist(), fragments_c[build].tolist()))
+        self._prepare_dynamic_bundles(keys)
         prepared = [self._pair_skeletons(*key) for key in keys]
         # skeleton lists not stored yet (pairs of repeated layers share one)
         new = list({id(found): found for _, found in prepared if found[1] is None}.values())
@@ -1069,6 +1070,22 @@ class StrategyEvaluator:
             skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in static.representatives]
             found = self._skeleton_lists[key] = [skeletons, None, self._collective_plans(skeletons)]
         return static, found
+
+    def _prepare_dynamic_bundles(self, keys: list[tuple[int, int]]) -> None:
+        """Make the bundles of the pairs of group fragments ``keys`` with a model-parallel side in one go
+        (``_Compiler.dynamic_bundles_of``), for :meth:`_static_bundles` to find cached."""
+        blocks = self._block_of
+        layouts = {}
+        pairs = []
+        for p, c in keys:
+            layout_p, layout_c = blocks[p].layout, blocks[c].layout
+            if layout_p.model_parallel or layout_c.model_parallel:
+                layouts[layout_p.group], layouts[layout_c.group] = layout_p, layout_c
+                pairs.append((layout_p.group, layout_c.group))
+        if len(pairs) > 1:
+            compiler = self._skeleton_compiler
+            compiler.layouts = layouts
+            compiler.dynamic_bundles_of(pairs, None, {g: layout.model_parallel for g, layout in layouts.items()})
 
     def _static_bundles(self, pair: tuple[int, int], layout_p: GroupLayout, layout_c: GroupLayout) -> _PairBundles:
         """:meth:`_bundle_arrays` of the bundles of ``pair`` of groups between two layouts: cached per pair
