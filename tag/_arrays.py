@@ -7,7 +7,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["csr_from_lists", "edge_arrays", "grown", "kahn_order"]
+__all__ = ["csr_by_key", "csr_from_lists", "edge_arrays", "grown", "kahn_order"]
 
 
 def csr_from_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -16,6 +16,16 @@ def csr_from_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarr
     np.cumsum(np.fromiter(map(len, lists), dtype=np.int64, count=len(lists)), out=ptr[1:])
     values = np.fromiter(itertools.chain.from_iterable(lists), dtype=np.int64, count=int(ptr[-1]))
     return ptr, values
+
+
+def csr_by_key(num_keys: int, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(ptr [num_keys+1], order [E]) int64 grouping the items of ``keys`` [E] (each in 0..num_keys-1) by key:
+    the items of key k are ``order[ptr[k]:ptr[k+1]]``, in their input order. With ``keys`` an edge list's
+    sources, ``dst[order]`` is the successor CSR."""
+    order = np.argsort(keys, kind="stable").astype(np.int64, copy=False)
+    ptr = np.zeros(num_keys + 1, dtype=np.int64)
+    np.cumsum(np.bincount(keys, minlength=num_keys), out=ptr[1:])
+    return ptr, order
 
 
 def grown(array: np.ndarray, size: int, fill: Any) -> np.ndarray:

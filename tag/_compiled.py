@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-__all__ = ["COMPILED", "jit", "id_push", "id_pop"]
+import numpy as np
+
+__all__ = ["COMPILED", "jit", "id_push", "id_pop", "kahn_least_first"]
 
 try:  # numba is a dependency; the fallback keeps the package importable where it cannot be installed
     if os.environ.get("TAG_NO_NUMBA"):
@@ -62,3 +64,31 @@ def id_pop(heap, size):
         child = 2 * position + 1
     heap[position] = task
     return top, size
+
+
+@jit
+def kahn_least_first(ptr, succ, indegree):
+    """(order [K], nodes placed) of Kahn's algorithm over the successor CSR ``ptr`` [K+1] / ``succ`` [E]
+    (int64), the ready node of least index first (a min-heap of node ids). ``order[:placed]`` is the
+    topological order; fewer than K placed: a cycle. ``indegree`` [K] (int64, each node's predecessor
+    count, parallel edges counted) is consumed: it is left with each unplaced node's in-degree from the
+    other unplaced nodes, positive exactly on the unplaced ones (those on or after a cycle)."""
+    num_nodes = indegree.size
+    heap = np.empty(num_nodes, dtype=np.int64)
+    size = 0
+    for node in range(num_nodes):  # ascending: already a heap
+        if indegree[node] == 0:
+            heap[size] = node
+            size += 1
+    order = np.empty(num_nodes, dtype=np.int64)
+    placed = 0
+    while size > 0:
+        node, size = id_pop(heap, size)
+        order[placed] = node
+        placed += 1
+        for k in range(ptr[node], ptr[node + 1]):
+            nxt = succ[k]
+            indegree[nxt] -= 1
+            if indegree[nxt] == 0:
+                size = id_push(heap, size, nxt)
+    return order, placed

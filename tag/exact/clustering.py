@@ -23,6 +23,8 @@ from typing import Sequence
 
 import numpy as np
 
+from tag._arrays import csr_by_key
+from tag._compiled import kahn_least_first
 from tag.exact.stage_graph import PartitionError
 
 __all__ = ["cluster_operators", "ALPHAS", "is_convex", "quotient_edges"]
@@ -135,24 +137,12 @@ def _topological_ids(num_nodes: int, src: np.ndarray, dst: np.ndarray, leader: l
     unique, group = np.unique(roots, return_inverse=True)
     q_src, q_dst = quotient_edges(group, src, dst)
     count = unique.size
-    indegree = np.bincount(q_dst, minlength=count)
-    out: list[list[int]] = [[] for _ in range(count)]
-    for a, b in zip(q_src.tolist(), q_dst.tolist()):
-        out[a].append(b)
-    ready = sorted(int(x) for x in np.flatnonzero(indegree == 0))
-    heapq.heapify(ready)
-    rank = np.full(count, -1, dtype=np.int64)
-    nxt = 0
-    while ready:
-        g = heapq.heappop(ready)
-        rank[g] = nxt
-        nxt += 1
-        for h in out[g]:
-            indegree[h] -= 1
-            if indegree[h] == 0:
-                heapq.heappush(ready, h)
-    if nxt != count:  # cannot happen: every fusion was convex
+    ptr, by_source = csr_by_key(count, q_src)
+    order, placed = kahn_least_first(ptr, q_dst[by_source], np.bincount(q_dst, minlength=count))
+    if placed != count:  # cannot happen: every fusion was convex
         raise PartitionError("operator clustering produced a cyclic hyper-op graph")
+    rank = np.empty(count, dtype=np.int64)
+    rank[order] = np.arange(count)
     return rank[group]
 
 

@@ -14,6 +14,8 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from tag._arrays import csr_by_key
+from tag._compiled import kahn_least_first
 from tag.errors import GraphError
 
 __all__ = [
@@ -37,15 +39,6 @@ SPLIT_CLASSES = ("concat", "sum", "none")
 SPLIT_CONCAT, SPLIT_SUM, SPLIT_NONE = range(3)
 
 _FLOAT_COLUMNS = ("flops", "bytes_accessed", "output_bytes", "param_bytes", "measured_time")
-
-
-def _csr(num_nodes: int, keys: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """CSR of edges grouped by ``keys``: (ptr [N+1], neighbour [E], edge id [E])."""
-    order = np.argsort(keys, kind="stable")
-    ptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.add.at(ptr, keys + 1, 1)
-    np.cumsum(ptr, out=ptr)
-    return ptr, values[order].astype(np.int64), order.astype(np.int64)
 
 
 @dataclass(eq=False)
@@ -95,8 +88,10 @@ class OpGraph:
             self.edge_batch_scaled = valid & self.batch_scaled[src] & (self.split[src] == SPLIT_CONCAT) if n else np.zeros(0, bool)
         self.edge_batch_scaled = np.asarray(self.edge_batch_scaled, dtype=bool).reshape(-1)
         self.validate()
-        self.succ_ptr, self.succ, self.succ_edge = _csr(n, self.edge_src, self.edge_dst)
-        self.pred_ptr, self.pred, self.pred_edge = _csr(n, self.edge_dst, self.edge_src)
+        self.succ_ptr, self.succ_edge = csr_by_key(n, self.edge_src)  # [N+1], [E] edge ids by source
+        self.succ = self.edge_dst[self.succ_edge]  # [E] successor ops
+        self.pred_ptr, self.pred_edge = csr_by_key(n, self.edge_dst)
+        self.pred = self.edge_src[self.pred_edge]
 
     # ------------------------------------------------------------------ validation
     def validate(self) -> None:
@@ -216,24 +211,9 @@ class OpGraph:
 
     def topological_order(self) -> np.ndarray:
         """Kahn's order, ties broken by op index; GraphError naming an op on a cycle."""
-        n = self.num_ops
-        indegree = self.in_degree().copy()
-        order = np.empty(n, dtype=np.int64)
-        ready = list(np.flatnonzero(indegree == 0)[::-1])
-        count = 0
-        import heapq
-
-        heap = [int(x) for x in ready]
-        heapq.heapify(heap)
-        while heap:
-            op = heapq.heappop(heap)
-            order[count] = op
-            count += 1
-            for nxt in self.successors(op):
-                indegree[nxt] -= 1
-                if indegree[nxt] == 0:
-                    heapq.heappush(heap, int(nxt))
-        if count != n:
+        indegree = self.in_degree().copy()  # [N] consumed, left positive on the ops Kahn's could not place
+        order, placed = kahn_least_first(self.succ_ptr, self.succ, indegree)
+        if placed != self.num_ops:
             cycle = self._find_cycle(indegree > 0)
             path = " -> ".join(repr(self.names[i]) for i in cycle)
             raise GraphError(f"graph has a cycle: {path}")

@@ -10,7 +10,8 @@ arguments are earlier slots, so one call evaluates the whole DP for a target wit
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+
+from tag._compiled import jit
 
 INF = 1 << 30
 
@@ -18,7 +19,7 @@ INF = 1 << 30
 STAGE, SERIES, PARALLEL, MIN, SHIFT, SERIES_ID, PARALLEL_ID = range(7)
 
 
-@njit(cache=True)
+@jit
 def run_program(kind: np.ndarray, arg_a: np.ndarray, arg_b: np.ndarray, omax: np.ndarray,
                 depth_limit: int) -> tuple[np.ndarray, np.ndarray]:
     """(val [P, D+1, O+1], choice [P, D+1, O+1]) of every slot of the program ``kind``/``arg_a``/

@@ -38,7 +38,8 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tag._compiled import id_pop, id_push, jit
+from tag._arrays import csr_by_key
+from tag._compiled import jit, kahn_least_first
 from tag.errors import GraphError
 from tag.grouping.errors import GroupingError
 
@@ -60,36 +61,11 @@ def dag_order(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     """[K] Kahn's topological order of a DAG given by edge lists (ties by node index); GraphError on a cycle."""
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
-    ptr, succ = _succ_csr(num_nodes, src, dst)
-    order, placed = _kahn_order(ptr, succ, np.bincount(dst, minlength=num_nodes).astype(np.int64))
+    ptr, by_source = csr_by_key(num_nodes, src)
+    order, placed = kahn_least_first(ptr, dst[by_source], np.bincount(dst, minlength=num_nodes).astype(np.int64))
     if placed != num_nodes:
         raise GraphError(f"graph has a cycle through {num_nodes - placed} of its {num_nodes} nodes")
     return order
-
-
-@jit
-def _kahn_order(ptr, succ, indegree):
-    """(order [K], nodes placed) of Kahn's algorithm over the successor CSR ``ptr`` [K+1] / ``succ``, the
-    ready node of least index first (a min-heap of node ids); fewer than K placed: a cycle."""
-    num_nodes = indegree.size
-    heap = np.empty(num_nodes, dtype=np.int64)
-    size = 0
-    for node in range(num_nodes):  # ascending: already a heap
-        if indegree[node] == 0:
-            heap[size] = node
-            size += 1
-    order = np.empty(num_nodes, dtype=np.int64)
-    placed = 0
-    while size > 0:
-        node, size = id_pop(heap, size)
-        order[placed] = node
-        placed += 1
-        for k in range(ptr[node], ptr[node + 1]):
-            nxt = succ[k]
-            indegree[nxt] -= 1
-            if indegree[nxt] == 0:
-                size = id_push(heap, size, nxt)
-    return order, placed
 
 
 def quotient_is_dag(src: np.ndarray, dst: np.ndarray, labels: np.ndarray) -> bool:
@@ -141,7 +117,7 @@ def _quotient_is_dag(src, dst, labels, num):
         if a != b:
             succ[slot[a]] = b
             slot[a] += 1
-    return _kahn_order(ptr, succ, indegree)[1] == num
+    return kahn_least_first(ptr, succ, indegree)[1] == num
 
 
 def edge_cut(src: np.ndarray, dst: np.ndarray, edge_bytes: np.ndarray, labels: np.ndarray) -> float:
@@ -204,21 +180,11 @@ def repair_acyclic(num_nodes: int, src: np.ndarray, dst: np.ndarray, edge_bytes:
     return group, stats
 
 
-def _succ_csr(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(src, kind="stable")
-    ptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=num_nodes), out=ptr[1:])
-    return ptr, dst[order]
-
-
 def _split_by_crossing_rank(num_nodes: int, src: np.ndarray, dst: np.ndarray, part: np.ndarray,
                             order: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Piece [K] of each node (0..P-1) and the crossing rank [P] of each piece (module docstring, step 1)."""
-    pred_order = np.argsort(dst, kind="stable")
-    pred_ptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.add.at(pred_ptr, dst + 1, 1)
-    np.cumsum(pred_ptr, out=pred_ptr)
-    pred = src[pred_order].tolist()
+    pred_ptr, by_target = csr_by_key(num_nodes, dst)
+    pred = src[by_target].tolist()
     ptr = pred_ptr.tolist()
     part_list = part.tolist()
     rank = [0] * num_nodes
@@ -454,8 +420,5 @@ def refine_acyclic(num_nodes: int, src: np.ndarray, dst: np.ndarray, edge_bytes:
 
 def _incident(num_nodes: int, key: np.ndarray, other: np.ndarray, values: np.ndarray) -> tuple[list, list, list]:
     """CSR of edges grouped by ``key`` as Python lists: (ptr [K+1], other end [E], value [E])."""
-    order = np.argsort(key, kind="stable")
-    ptr = np.zeros(num_nodes + 1, dtype=np.int64)
-    np.add.at(ptr, key + 1, 1)
-    np.cumsum(ptr, out=ptr)
+    ptr, order = csr_by_key(num_nodes, key)
     return ptr.tolist(), other[order].tolist(), np.asarray(values, dtype=np.float64)[order].tolist()
