@@ -365,6 +365,48 @@ def test_make_bundles_equals_a_use_by_use_loop(bert_tiny, granularity):
 
 
 @pytest.mark.parametrize("granularity", ["group", "part"])
+def test_dynamic_bundles_in_one_call_equal_one_call_per_pair(bert_tiny, granularity):
+    """_Compiler.dynamic_bundles makes the bundles of many pairs with a model-parallel side in one
+    make_bundles call per kind of producer: each pair's bundles (order, categories, sums to the bit) are those
+    of a make_bundles call for that pair alone, from replicated and from model-parallel producers alike, with
+    the op → unit map given or made from the layouts, and a pair listed twice is made once."""
+    from tag.compiler.compile import _Compiler
+    from tag.compiler.layout import cluster_context, group_layout
+    from tag.compiler.tables import compiler_tables, make_bundles
+    from tag.compiler.generate import random_strategy
+
+    gg, cluster = bert_tiny
+    tables = compiler_tables(gg, cluster, gg.cost, granularity)
+    context = cluster_context(cluster, tables)
+    rng = np.random.default_rng(11)
+    kinds = set()
+    for trial in range(4):
+        strategy = random_strategy(gg.num_groups, cluster, seed=rng, options=(ALLREDUCE, MODEL_PARALLEL))
+        layouts = tuple(group_layout(tables, context, strategy, g) for g in range(gg.num_groups))
+        mp = [layout.model_parallel for layout in layouts]
+        pairs = [(p, c) for p, c in tables.pair_uses if mp[p] or mp[c]]
+        kinds.update(mp[p] for p, _ in pairs)
+        for given in (False, True):
+            context.plans.clear()
+            compiler = _Compiler(tables, context, None, None, dense_links=True)
+            compiler.layouts = layouts
+            op_unit = compiler._op_unit(range(gg.num_groups)) if given else None
+            calls = []
+            counted = lambda *args, **kwargs: calls.append(1) or make_bundles(*args, **kwargs)  # noqa: E731
+            with pytest.MonkeyPatch.context() as patch:
+                patch.setattr("tag.compiler.compile.make_bundles", counted)
+                got = compiler.dynamic_bundles(pairs + pairs[:3], op_unit, mp)
+            assert len(calls) == len({mp[p] for p, _ in pairs})
+            for (p, c), bundles in zip(pairs + pairs[:3], got):
+                want = make_bundles(tables, tables.pair_uses[(p, c)], compiler._op_unit((p, c)), skip_local=not mp[p],
+                                    op_device=layouts[p].op_device if mp[p] else None).get((p, c), [])
+                assert bundles == want
+                assert [np.float64(x).tobytes() for b in bundles for x in b.nbytes] == \
+                    [np.float64(x).tobytes() for b in want for x in b.nbytes]
+    assert kinds == {False, True}  # pairs from replicated and from model-parallel producers
+
+
+@pytest.mark.parametrize("granularity", ["group", "part"])
 def test_model_parallel_cut_equals_a_unit_by_unit_cut(bert_tiny, granularity, monkeypatch):
     """The pieces of a model-parallel layout, cut by array operations, against a cut unit by unit: a unit on one
     device is one piece, a unit over several is one piece per device (ascending) where those pieces form a

@@ -64,7 +64,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -381,7 +381,7 @@ class _Compiler:
                 self._local_dependencies(g)
         if len(context.plans) > _MAX_CACHED_PLANS:  # a long search: start over rather than grow without bound
             context.plans.clear()
-        self.dynamic_bundles_of([(p, c) for p, c in tables.pair_uses if mp[p] or mp[c]], op_unit, mp)
+        self.dynamic_bundles([(p, c) for p, c in tables.pair_uses if mp[p] or mp[c]], op_unit, mp)  # at once
         for pair in tables.pair_uses:
             self._pair(pair, op_unit, mp)
         self._emit_collectives()
@@ -429,7 +429,7 @@ class _Compiler:
         group_p, group_c = pair
         layout_p, layout_c = self.layouts[group_p], self.layouts[group_c]
         if mp[group_p] or mp[group_c]:
-            bundles = self._dynamic_bundles(pair, op_unit, mp)
+            bundles = self.dynamic_bundles([pair], op_unit, mp)[0]
         else:
             bundles = self.tables.bundles.get(pair, ())
         plans = self.context.plans
@@ -440,16 +440,13 @@ class _Compiler:
                 plan = plans[key] = self._plan_bundle(bundle, layout_p, layout_c)
             self._instantiate(bundle, plan)
 
-    def _dynamic_bundles(self, pair: tuple[int, int], op_unit: np.ndarray | None, mp) -> list[Bundle]:
-        """Bundles of a pair of groups one of which is model-parallel (by its pieces), cached per layouts
-        (:meth:`dynamic_bundles_of`)."""
-        return self.dynamic_bundles_of([pair], op_unit, mp)[0]
-
-    def dynamic_bundles_of(self, pairs: list[tuple[int, int]], op_unit: np.ndarray | None, mp) -> list[list[Bundle]]:
-        """:meth:`_dynamic_bundles` of each pair, cached per layouts; those not cached are made together, one
-        :func:`make_bundles` call for the pairs from replicated groups and one for those from model-parallel
-        ones (bundles never span pairs, so each pair's are as a call of its own would make them). ``mp[g]``:
-        whether group g is model-parallel; ``op_unit`` None: made from the layouts of the pairs' groups."""
+    def dynamic_bundles(self, pairs: list[tuple[int, int]], op_unit: np.ndarray | None,
+                        mp: Sequence[bool] | Mapping[int, bool]) -> list[list[Bundle]]:
+        """Bundles of each pair of groups one of which is model-parallel (by its pieces), cached per layouts.
+        Those not cached are made together: one :func:`make_bundles` call for the pairs from replicated groups
+        and one for those from model-parallel ones (bundles never span pairs, so each pair's are those a call
+        of its own would make). ``mp[g]``: whether group g is model-parallel; ``op_unit`` None: made from
+        the layouts of the pairs' groups."""
         layouts, plans = self.layouts, self.context.plans
         keys = [("bundles", (p, c), layouts[p].key if mp[p] else None, layouts[c].key if mp[c] else None)
                 for p, c in pairs]
@@ -461,9 +458,10 @@ class _Compiler:
                 batch = [i for i in missing if bool(mp[pairs[i][0]]) == from_mp]
                 if not batch:
                     continue
-                op_device = {}
-                for p in {pairs[i][0] for i in batch} if from_mp else ():
-                    op_device.update(layouts[p].op_device)
+                op_device = {}  # the producers' devices, where they are model-parallel
+                if from_mp:
+                    for p in {pairs[i][0] for i in batch}:
+                        op_device.update(layouts[p].op_device)
                 uses = np.concatenate([self.tables.pair_uses[pairs[i]] for i in batch])
                 made = make_bundles(self.tables, uses, op_unit, skip_local=not from_mp, op_device=op_device)
                 for i in batch:

@@ -451,7 +451,8 @@ class _BlockStore(_Columns):
                     {"fragment": f, "device": devices.size, "unit": tensor_first.size})
 
     def arrays(self) -> tuple:
-        """The 8 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
+        """The block arrays :func:`_pair_fragments` takes, in its order: views of the rows in use, and the
+        index."""
         return (self.view("replicas"), self.view("mp"), self.view("row"), self.index, self.view("device0"),
                 self.view("unit0"), self.view("device"), self.view("tensor_first"))
 
@@ -483,7 +484,7 @@ class _Assembled(NamedTuple):
 
 class _GroupBlock(NamedTuple):
     """A group fragment's compute block, as the Python side of pair fragments reads it (its layout, and how
-    merged chunks move a pair's references); what the kernel reads is in the evaluator's block arrays."""
+    merged chunks move a pair's references); what the kernel reads is in :class:`_BlockStore`."""
 
     layout: GroupLayout
     merged: int  # its tasks once the chunks of each part are merged (what the arena stores)
@@ -745,7 +746,7 @@ class StrategyEvaluator:
         if build.size == 0:
             return out
         keys = list(zip(fragments_p[build].tolist(), fragments_c[build].tolist()))
-        self._prepare_dynamic_bundles(keys)
+        self._prepare_dynamic_bundles(fragments_p[build], fragments_c[build])
         prepared = [self._pair_skeletons(*key) for key in keys]
         # skeleton lists not stored yet (pairs of repeated layers share one)
         new = list({id(found): found for _, found in prepared if found[1] is None}.values())
@@ -755,7 +756,7 @@ class StrategyEvaluator:
             for found in new:
                 found[1] = start
                 start += len(found[0])
-        out[build] = self._compile_pairs(pairs[build], keys, prepared)
+        out[build] = self._compile_pairs(keys, prepared)
         if leaders is not None:
             out[missed] = out[leaders][inverse]
             table_store(self._templates, new_codes, out[leaders])
@@ -822,19 +823,12 @@ class StrategyEvaluator:
         pieces = range(first_piece, first_piece + len(layout.pieces))
         piece_device = np.array([piece.device for piece in layout.pieces], dtype=np.int64)
         tensor_first = np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64)
-        self._add_blocks(fragment, True, np.ones(1, dtype=np.int64), np.array([block[2]]), np.array([block[3]]),
+        assert fragment == len(self._block_of), "fragment ids and recorded blocks out of step"
+        self._blocks.add(fragment, True, np.ones(1, dtype=np.int64), np.array([block[2]]), np.array([block[3]]),
                          piece_device, np.array([piece_device.size]), tensor_first, np.array([tensor_first.size]),
-                         np.full((1, self.cluster.num_devices), -1, dtype=np.int64))
+                         np.full((1, self.cluster.num_devices), -1, dtype=np.int64), -1)
         self._block_of.append(_GroupBlock(layout, num_merged, new_id, start_lag, end_lag))
         return fragment
-
-    def _add_blocks(self, first: int, model_parallel: bool, replicas: np.ndarray, tasks: np.ndarray,
-                    tensors: np.ndarray, devices: np.ndarray, device_counts: np.ndarray, tensor_first: np.ndarray,
-                    unit_counts: np.ndarray, index: np.ndarray, template_rows: Any = -1) -> None:
-        """Record the compute blocks of the group fragments ``first``, ``first + 1``, ... (:meth:`_BlockStore.add`)."""
-        assert first == len(self._block_of), "fragment ids and recorded blocks out of step"
-        self._blocks.add(first, model_parallel, replicas, tasks, tensors, devices, device_counts, tensor_first,
-                         unit_counts, index, template_rows)
 
     def _compile_replicated(self, layouts: list[GroupLayout]) -> list[int]:
         """The group fragments of F replicated layouts, returning their ids. One call of
@@ -855,7 +849,8 @@ class StrategyEvaluator:
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
         replicas = np.diff(device_ptr)
         # the ids the arena gives next; templates only where the fragments are compact
-        self._add_blocks(self._arena.num_fragments, False, replicas, counts[:, 0], counts[:, 5],
+        assert self._arena.num_fragments == len(self._block_of), "fragment ids and recorded blocks out of step"
+        self._blocks.add(self._arena.num_fragments, False, replicas, counts[:, 0], counts[:, 5],
                          device_list, replicas, tensor_first, units, index,
                          -1 if self._merging else [self._row_of(layout) for layout in layouts])
         fragments = []
@@ -959,8 +954,8 @@ class StrategyEvaluator:
         pairs = [(position[u], position[v]) for u in self.tables.group_units[group].tolist() for v in succ[u]]
         return np.array([a for a, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.int64)
 
-    def _compile_pairs(self, pairs: np.ndarray, keys: list[tuple[int, int]], prepared: list[tuple]) -> list[int]:
-        """The pair fragments of M pairs of groups ``pairs`` between group fragments ``keys`` (P's, C's), from their
+    def _compile_pairs(self, keys: list[tuple[int, int]], prepared: list[tuple]) -> list[int]:
+        """The pair fragments of M pairs of group fragments ``keys`` (P's, C's), from their
         :meth:`_pair_skeletons` (skeletons stored), built by one call of :func:`_pair_fragments` and queued in
         the arena; returns their ids. The kernel reads the blocks, bundles and skeleton lists from the
         evaluator's stores; only the collectives are gathered per pair."""
@@ -976,7 +971,7 @@ class StrategyEvaluator:
                 self._collectives(static.first, static.bundles, static.kind_of, collectives, collective_bundle,
                                   holder_ptr, holders, collective_seconds, held_ptr, held)
             collective_ptr.append(len(collective_bundle))
-        same = self._pair_p[pairs] == self._pair_c[pairs]  # a group's pair with itself
+        same = fragment_p == fragment_c  # a group's pair with itself (a group fragment is of one group)
         tasks, tensors = self._blocks.view("tasks"), self._blocks.view("tensors")
         tasks_p = tasks[fragment_p]
         blocks = np.column_stack([tasks_p, np.where(same, 0, tasks[fragment_c]), tensors[fragment_p],
@@ -1071,21 +1066,23 @@ class StrategyEvaluator:
             found = self._skeleton_lists[key] = [skeletons, None, self._collective_plans(skeletons)]
         return static, found
 
-    def _prepare_dynamic_bundles(self, keys: list[tuple[int, int]]) -> None:
-        """Make the bundles of the pairs of group fragments ``keys`` with a model-parallel side in one go
-        (``_Compiler.dynamic_bundles_of``), for :meth:`_static_bundles` to find cached."""
-        blocks = self._block_of
+    def _prepare_dynamic_bundles(self, fragments_p: np.ndarray, fragments_c: np.ndarray) -> None:
+        """Make the bundles of the pairs of group fragments (``fragments_p`` [M], ``fragments_c`` [M]) with a
+        model-parallel side in one go (``_Compiler.dynamic_bundles``), for :meth:`_static_bundles` to find
+        cached."""
+        mp = self._blocks.view("mp")
+        chosen = np.flatnonzero(mp[fragments_p] | mp[fragments_c])
+        if chosen.size < 2:
+            return
         layouts = {}
         pairs = []
-        for p, c in keys:
-            layout_p, layout_c = blocks[p].layout, blocks[c].layout
-            if layout_p.model_parallel or layout_c.model_parallel:
-                layouts[layout_p.group], layouts[layout_c.group] = layout_p, layout_c
-                pairs.append((layout_p.group, layout_c.group))
-        if len(pairs) > 1:
-            compiler = self._skeleton_compiler
-            compiler.layouts = layouts
-            compiler.dynamic_bundles_of(pairs, None, {g: layout.model_parallel for g, layout in layouts.items()})
+        for p, c in zip(fragments_p[chosen].tolist(), fragments_c[chosen].tolist()):
+            layout_p, layout_c = self._block_of[p].layout, self._block_of[c].layout
+            layouts[layout_p.group], layouts[layout_c.group] = layout_p, layout_c
+            pairs.append((layout_p.group, layout_c.group))
+        compiler = self._skeleton_compiler
+        compiler.layouts = layouts
+        compiler.dynamic_bundles(pairs, None, {g: layout.model_parallel for g, layout in layouts.items()})
 
     def _static_bundles(self, pair: tuple[int, int], layout_p: GroupLayout, layout_c: GroupLayout) -> _PairBundles:
         """:meth:`_bundle_arrays` of the bundles of ``pair`` of groups between two layouts: cached per pair
@@ -1097,8 +1094,8 @@ class StrategyEvaluator:
             if mp:
                 compiler = self._skeleton_compiler
                 compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
-                bundles = compiler._dynamic_bundles(pair, None, {g: layout.model_parallel
-                                                                 for g, layout in compiler.layouts.items()})
+                bundles = compiler.dynamic_bundles([pair], None, {g: layout.model_parallel
+                                                                  for g, layout in compiler.layouts.items()})[0]
                 static = self._bundle_arrays(bundles, layout_p, layout_c)
             else:
                 static = self._pair_static[pair] = self._bundle_arrays(self.tables.bundles.get(pair, []), layout_p,
@@ -1569,8 +1566,7 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
                     sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts,
                     tr_first_counted, tr_counted, part_category, part_fraction, counted_category, sk_local,
                     num_devices, fragment_p, fragment_c, block_replicas, block_mp, block_row, block_index,
-                    block_device0,
-                    block_unit0, block_device, block_tensor_first, c_shift, first_task, first_tensor,
+                    block_device0, block_unit0, block_device, block_tensor_first, c_shift, first_task, first_tensor,
                     pair_collective_ptr, collective_bundle, holder_ptr, holders, collective_duration,
                     collective_res_ptr, collective_res, alpha, beta, nic_out, nic_in, link_base):
     """The own tasks of M pair fragments, with their dependencies, tensors and reads, one fragment after
