@@ -431,6 +431,9 @@ def test_dag_order_and_quotient_check_against_plain_kahn():
         assert quotient_is_dag(src, dst, labels) == (contracted is not None)
     with pytest.raises(GraphError, match="cycle through 3 of its 4 nodes"):
         dag_order(4, np.array([0, 1, 2, 3]), np.array([1, 2, 3, 1]))
+    for src, dst in (([0, 1], [1, 4]), ([-1, 1], [1, 2]), ([0, 1], [1])):  # an end outside the 4 nodes, or none
+        with pytest.raises(GraphError, match="every edge must join two of the nodes 0..3"):
+            dag_order(4, np.array(src), np.array(dst))
     assert not quotient_is_dag(np.array([0, 2]), np.array([1, 3]), np.array([0, 1, 1, 0]))
     with pytest.raises(GroupingError, match="non-negative"):
         quotient_is_dag(np.array([0]), np.array([1]), np.array([-1, 0]))

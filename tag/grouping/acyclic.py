@@ -58,9 +58,14 @@ class RepairStats(NamedTuple):
 
 
 def dag_order(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
-    """[K] Kahn's topological order of a DAG given by edge lists (ties by node index); GraphError on a cycle."""
+    """[K] Kahn's topological order of a DAG given by edge lists (ties by node index); GraphError on a cycle or
+    an edge with an end outside the K nodes."""
     src = np.asarray(src, dtype=np.int64)
     dst = np.asarray(dst, dtype=np.int64)
+    ends = np.concatenate([src, dst])
+    if src.shape != dst.shape or (ends.size and (ends.min() < 0 or ends.max() >= num_nodes)):
+        raise GraphError(f"dag_order: every edge must join two of the nodes 0..{num_nodes - 1} "
+                         f"({src.size} sources, {dst.size} targets)")
     ptr, by_source = csr_by_key(num_nodes, src)
     order, placed = kahn_least_first(ptr, dst[by_source], np.bincount(dst, minlength=num_nodes).astype(np.int64))
     if placed != num_nodes:

@@ -12,6 +12,7 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from tag._arrays import csr_by_key
 from tag.cluster.cluster import Cluster
 from tag.cluster.gpus import GPUType, gpu_type
 from tag.cost.compute import CostModel
@@ -73,10 +74,8 @@ class GroupGraph:
         self.assignment = np.asarray(self.assignment, dtype=np.int64)
         if self.assignment.shape != (self.op_graph.num_ops,):
             raise GraphError(f"assignment has shape {self.assignment.shape}, expected ({self.op_graph.num_ops},)")
-        order = np.argsort(self.assignment, kind="stable")
-        self.members = order  # [N] op ids grouped by group, ascending within a group
-        self.member_ptr = np.zeros(self.num_groups + 1, dtype=np.int64)  # [G+1]
-        np.cumsum(np.bincount(self.assignment, minlength=self.num_groups), out=self.member_ptr[1:])
+        # [G+1], [N] op ids grouped by group, ascending within a group
+        self.member_ptr, self.members = csr_by_key(self.num_groups, self.assignment)
         if self.compute_time.shape != (self.num_groups, len(self.gpu_types)):
             raise GraphError(f"compute_time has shape {self.compute_time.shape}, expected "
                              f"({self.num_groups}, {len(self.gpu_types)})")

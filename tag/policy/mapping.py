@@ -63,6 +63,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch_geometric.nn import GATv2Conv
 
+from tag._arrays import csr_by_key
 from tag._atomic import atomic_open
 from tag._compiled import jit as _jit
 from tag.errors import OutputError
@@ -834,8 +835,7 @@ class MappingDecoder:
         is :meth:`MappingInstance.edge_cost` from device x), and each look-ahead slot's index into its
         ring's hop costs [H, D, D] (MappingInstance.hop_cost)."""
         inst, devices = self.instance, self.instance.num_devices
-        order = np.argsort(inst.edge_b, kind="stable")  # [E] edges by later slot, each slot's in edge order
-        ptr = np.concatenate([[0], np.cumsum(np.bincount(inst.edge_b, minlength=inst.num_slots))]).astype(np.int64)
+        ptr, order = csr_by_key(inst.num_slots, inst.edge_b)  # [E] edges by later slot, each slot's in edge order
         index = np.full(len(order), -1, dtype=np.int64)  # [E] link-cost table of each edge
         keys: dict[tuple[float, float], int] = {}
         counted = np.flatnonzero(inst.edge_counted)

@@ -37,7 +37,7 @@ from typing import Iterable, NamedTuple
 
 import numpy as np
 
-from tag._arrays import csr_from_lists
+from tag._arrays import csr_by_key, csr_from_lists
 from tag.cluster import Cluster
 from tag.sim.errors import TaskGraphError
 
@@ -145,9 +145,7 @@ class TaskGraph:
         self._validate_columns()
         self.lags = self._lags()
         edge_task = np.repeat(np.arange(self.num_tasks), np.diff(self.dep_ptr))
-        order = np.argsort(self.dep, kind="stable")
-        self.succ_ptr = np.zeros(self.num_tasks + 1, dtype=np.int64)  # [T+1] CSR of successors
-        np.cumsum(np.bincount(self.dep, minlength=self.num_tasks), out=self.succ_ptr[1:])
+        self.succ_ptr, order = csr_by_key(self.num_tasks, self.dep)  # [T+1] CSR of successors
         self.succ = edge_task[order]  # [E] successor task ids, each task's in ascending order
         self.succ_lag = self.lags.dep[order]  # [E] the lag of each successor's dependency
         self.topological_order = self._topological_order()  # [T]
