@@ -1,5 +1,6 @@
 """numba's ``njit`` where numba is installed, else the function itself, and the small compiled helpers that
-several packages share (a min-heap of integer ids: list scheduling, Kahn's topological order).
+several packages share (a min-heap of integer ids: list scheduling, Kahn's topological order; successor
+lists by counting sort).
 
 ``cache=True`` keeps each function's machine code beside its module, so only a machine's first run pays the
 seconds of compilation. ``TAG_NO_NUMBA`` in the environment turns numba off (the tests run the plain-Python
@@ -13,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["COMPILED", "jit", "id_push", "id_pop", "kahn_least_first"]
+__all__ = ["COMPILED", "jit", "id_push", "id_pop", "kahn_least_first", "successor_lists"]
 
 try:  # numba is a dependency; the fallback keeps the package importable where it cannot be installed
     if os.environ.get("TAG_NO_NUMBA"):
@@ -92,3 +93,34 @@ def kahn_least_first(ptr, succ, indegree):
             if indegree[nxt] == 0:
                 size = id_push(heap, size, nxt)
     return order, placed
+
+
+@jit
+def successor_lists(num_tasks, dep_task, dep_on, dep_lag):
+    """(succ_ptr [T+1], succ [E], succ_lag [E], indegree [T]) of the dependencies "dep_task[k] waits for
+    dep_on[k] until dep_lag[k] seconds after its start" [E]: a counting sort by dep_on, duplicates kept,
+    each list in dependency order and the indegree counting each. List scheduling takes the latest release
+    of a task's dependencies however often one is listed, so the evaluator skips the merge of
+    :func:`tag.sim.kernels.successors_csr`; the feedback, which counts a dependency once, merges the few it
+    reads (:func:`tag.sim.kernels.feedback_sums`). An empty dep_lag gives an empty succ_lag. Also the
+    successor CSR of a quotient graph (:func:`tag.grouping.quotients_are_dags`)."""
+    lagged = dep_lag.size > 0
+    # counts one place further on (ptr[on + 2]), so that after the running sum ptr[on + 1] is the start of
+    # on's list, the scatter's cursor, and ends as its end: no [T] copy of cursors
+    ptr = np.zeros(num_tasks + 2, dtype=np.int64)
+    indegree = np.zeros(num_tasks, dtype=dep_task.dtype)
+    for k in range(dep_on.size):
+        ptr[np.int64(dep_on[k]) + 2] += 1
+        indegree[dep_task[k]] += 1
+    for t in range(num_tasks):
+        ptr[t + 2] += ptr[t + 1]
+    succ = np.empty(dep_on.size, dtype=dep_task.dtype)
+    lag = np.empty(dep_on.size if lagged else 0)
+    for k in range(dep_on.size):
+        on = np.int64(dep_on[k]) + 1
+        s = ptr[on]
+        succ[s] = dep_task[k]
+        if lagged:
+            lag[s] = dep_lag[k]
+        ptr[on] = s + 1
+    return ptr[:num_tasks + 1], succ, lag, indegree

@@ -32,19 +32,20 @@ its units' first output tensors) and each pair's bundles from stores written onc
 each skeleton list's rows likewise. A model-parallel side is one more block to it (a task
 per piece, its units the pieces), with bundles made per pair of layouts by pieces; model-parallel groups
 (their METIS pieces) go through the compiler's own Python (``_Compiler.group_fragment``). The arena queues
-an evaluation's new fragments and stores them at once, one append per column.
+an evaluation's new fragments of rows and stores them at once, one append per column (compact fragments are
+stored as they come).
 
 Inside a replicated group, where dependencies are ordinary (no merged chunks), a dependency between two of
 its units that a longer path of its units implies is left out (``_local_dep``): it changes no start time
 and feeds no feedback, so the results stay those of ``compile_strategy``'s TaskGraph, which lists it (for
 BERT-Large a quarter of an evaluation's dependencies).
 
-Fragments are stored with dependency and tensor lags (:class:`tag.sim.taskgraph.Lags`). At ``"merged"``
-granularity a group fragment's chunks are merged into one task per part and replica
-(:func:`tag.sim.kernels.merge_chunks`, as :func:`tag.sim.merge_taskgraph` merges compile_strategy's
-TaskGraph), and a pair fragment, built against the chunk tasks, is moved onto the merged ones
-(:meth:`StrategyEvaluator._localize_pair`: references renumbered, lags from where each chunk lies in its
-task). Merged tasks are numbered by their first chunk in both paths, so the layouts still match.
+Where chunks are merged, fragments are stored with dependency and tensor lags (:class:`tag.sim.taskgraph.Lags`).
+At ``"merged"`` granularity a group fragment's chunks are merged into one task per part and replica
+(:func:`tag.sim.kernels.merge_chunks`, as :func:`tag.sim.merge_taskgraph` merges compile_strategy's TaskGraph),
+and a pair fragment, built against the chunk tasks, is moved onto the merged ones
+(:meth:`StrategyEvaluator._localize_pair`: references renumbered, lags from where each chunk lies in its task).
+Merged tasks are numbered by their first chunk in both paths, so the layouts still match.
 
 An evaluation looks up the fragments of the groups whose row changed since the previous call and of the
 pairs touching them (search changes one group at a time); then :func:`_assemble` lays the fragments out as
@@ -150,9 +151,9 @@ class _Columns:
             column = self.columns[name]
             if start + count > column.size:  # the rows in use move to a column 4 times as long (or enough):
                 # its pages are mapped as they are first written, so only the rows copied cost at once
-                grown = np.empty(max(4 * column.size, start + count), dtype=column.dtype)
-                grown[:start] = column[:start]
-                column = self.columns[name] = grown
+                longer = np.empty(max(4 * column.size, start + count), dtype=column.dtype)
+                longer[:start] = column[:start]
+                column = self.columns[name] = longer
             values = rows.get(name)
             if values is not None:
                 column[start:start + count] = values
@@ -199,9 +200,8 @@ class _Arena(_Columns):
         """Queue one fragment (its columns as lists or arrays, or a Python int or bool that every row of the
         column takes; references numbered as in the fragment table) and return its id; :meth:`flush` stores
         the queued ones, less any dependency of a task on itself."""
-        self.pending.append((rows, (blocks,), (early,), None, self.num_fragments))
-        self.num_fragments += 1
-        return self.num_fragments - 1
+        counts = np.array([[len(rows[_FIRST_COLUMN[table]]) for table in _TABLES]], dtype=np.int64)
+        return self.add_many(rows, np.array([blocks], dtype=np.int64), np.array([early], dtype=np.int64), counts)
 
     def add_many(self, rows: dict[str, Any], blocks: np.ndarray, early: np.ndarray, counts: np.ndarray) -> int:
         """Queue F fragments whose columns lie one after another in ``rows`` (``counts`` [F, 5]: each one's rows
@@ -250,8 +250,7 @@ class _Arena(_Columns):
             return
         self.pending = []
         tables = _TABLES
-        per_entry = [np.array([[len(rows[_FIRST_COLUMN[table]]) for table in tables]], dtype=np.int64)
-                     if counts is None else counts for rows, _, _, counts, _ in pending]  # [fragments of it, 5]
+        per_entry = [counts for _, _, _, counts, _ in pending]  # [fragments of it, 5] per entry
         counts = np.concatenate(per_entry)  # [F, 5]
         f = counts.shape[0]
         # [entries, 5] rows per table of each entry (an entry holds at least one fragment)
@@ -550,9 +549,7 @@ class StrategyEvaluator:
         self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * d
         # per group, for _replica_fragments: its units (CSR), the pairs of its units that read each other's
         # outputs (CSR of src -> dst unit indices, _local_pairs' order), its persistent bytes on each replica
-        self._unit_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
-        np.cumsum([units.size for units in self.tables.group_units], out=self._unit_ptr[1:])
-        self._unit_ids = np.concatenate([units for units in self.tables.group_units] + [np.zeros(0, dtype=np.int64)])
+        self._unit_ptr, self._unit_ids = csr_from_lists(self.tables.group_units)  # [G+1], [units]
         # [units, in _unit_ids' order] rank of each unit among its group's units that output (a unit outputs on
         # every replica or on none: its batch-scaled or its fixed bytes are non-zero), -1 for the others
         outputs = (self.tables.unit_out_rows[self._unit_ids] > 0) | (self.tables.unit_out_fixed[self._unit_ids] > 0)
@@ -645,7 +642,7 @@ class StrategyEvaluator:
             raise CompileError(f"the strategy is for device groups of {strategy.device_group_sizes.tolist()} "
                                f"devices, but cluster {self.cluster.name!r} has {self._sizes.tolist()}")
 
-    def _group_fragment_ids(self, strategy: Strategy) -> list[int]:
+    def _group_fragment_ids(self, strategy: Strategy) -> np.ndarray:
         """[G] group fragment of each group under ``strategy`` (compiled on a miss); the groups whose row and
         option equal the previous call's keep their fragment without a look-up."""
         split = BATCH_SPLITS.index(strategy.batch_split)
@@ -658,7 +655,7 @@ class StrategyEvaluator:
             last = self._last_groups
             stale = None if last is None or last[2] != split else \
                 np.flatnonzero((code_array != last[0]) | (options != last[1])).tolist()
-        ids = [0] * len(codes) if stale is None else list(self._last_groups[3])
+        ids = np.zeros(len(codes), dtype=np.int64) if stale is None else self._last_groups[3].copy()
         option_list = options.tolist()
         replicated = []  # (group, its cache key, layout) of the new replicated layouts, built at once below
         for g in range(len(codes)) if stale is None else stale:
@@ -679,13 +676,12 @@ class StrategyEvaluator:
             self._last_groups = (code_array, options.copy(), split, ids)
         return ids
 
-    def _pair_fragment_ids(self, group_ids: list[int]) -> np.ndarray:
-        """[P] pair fragment of each pair of groups, given the groups' fragments (compiled on a miss). Only the
-        pairs of groups whose fragment changed since the previous call are looked up (search changes a few
+    def _pair_fragment_ids(self, groups: np.ndarray) -> np.ndarray:
+        """[P] pair fragment of each pair of groups, given the groups' fragments [G] (compiled on a miss). Only
+        the pairs of groups whose fragment changed since the previous call are looked up (search changes a few
         groups at a time)."""
-        groups = np.array(group_ids, dtype=np.int64)  # [G]
         last_groups, ids = self._last_ids
-        if last_groups is None or ids is None:
+        if last_groups is None:
             stale = np.arange(len(self._pairs))
             ids = np.empty(len(self._pairs), dtype=np.int64)
         else:
@@ -1072,7 +1068,7 @@ class StrategyEvaluator:
         cached."""
         mp = self._blocks.view("mp")
         chosen = np.flatnonzero(mp[fragments_p] | mp[fragments_c])
-        if chosen.size < 2:
+        if chosen.size == 0:
             return
         layouts = {}
         pairs = []
@@ -1116,14 +1112,12 @@ class StrategyEvaluator:
             return position.__getitem__
 
         index_p, index_c = index_of(layout_p), index_of(layout_c)
-        unit = np.array([index_p(b.producer_unit) if b.producer_unit >= 0 else -1 for b in bundles], dtype=np.int64)
-        category = np.zeros(len(bundles) + 1, dtype=np.int64)
-        np.cumsum([len(b.pclass) for b in bundles], out=category[1:])
-        consumer_ptr = np.zeros(len(bundles) + 1, dtype=np.int64)
-        np.cumsum([len(b.consumer_units) for b in bundles], out=consumer_ptr[1:])
-        consumer = np.array([index_c(u) for b in bundles for u in b.consumer_units], dtype=np.int64)
+        producer = np.fromiter((b.producer_unit for b in bundles), dtype=np.int64, count=len(bundles))
+        unit = np.where(producer >= 0, index_p(np.maximum(producer, 0)), -1)
+        category, category_count = csr_from_lists([b.count for b in bundles])
+        consumer_ptr, consumer = csr_from_lists([b.consumer_units for b in bundles])
+        consumer = index_c(consumer)
         category_bytes = np.array([x for b in bundles for x in b.nbytes], dtype=np.float64)
-        category_count = np.array([x for b in bundles for x in b.count], dtype=np.int64)
         mp_c = layout_c.model_parallel
         kinds: dict[tuple, int] = {}
         representatives: list[Bundle] = []
@@ -1153,16 +1147,15 @@ class StrategyEvaluator:
         }
 
     # ------------------------------------------------------------------ assembly, memory, feedback
-    def _assemble(self, group_ids: list[int], pair_ids: np.ndarray) -> _Assembled:
+    def _assemble(self, group_ids: np.ndarray, pair_ids: np.ndarray) -> _Assembled:
         arena = self._arena
         arena.flush()
         view = arena.view
-        out = _assemble(arena.meta[:arena.stored], self._group_order, np.array(group_ids, dtype=np.int64),
-                        np.asarray(pair_ids, dtype=np.int64), self._pair_p, self._pair_c, view("duration"),
-                        view("kind"), view("nres"), view("res"), view("dep_task"), view("dep_on"),
-                        view("dep_lag"), view("tensor_device"), view("tensor_bytes"), view("tensor_producer"),
-                        view("alloc_lag"), view("free_lag"), view("tensor_persistent"), view("read_tensor"),
-                        view("read_task"), view("read_lag"), self._merging, self._link_base,
+        out = _assemble(arena.meta[:arena.stored], self._group_order, group_ids, pair_ids, self._pair_p,
+                        self._pair_c, view("duration"), view("kind"), view("nres"), view("res"), view("dep_task"),
+                        view("dep_on"), view("dep_lag"), view("tensor_device"), view("tensor_bytes"),
+                        view("tensor_producer"), view("alloc_lag"), view("free_lag"), view("tensor_persistent"),
+                        view("read_tensor"), view("read_task"), view("read_lag"), self._merging, self._link_base,
                         self.cluster.num_devices, arena.compact.view("device"), arena.compact.view("fraction"),
                         self.context.type_array, self._unit_ptr, self._unit_ids, self._unit_rank,
                         self.tables.unit_time_fixed, self.tables.unit_time_scaled, self.tables.unit_out_rows,
@@ -1499,7 +1492,7 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
     layout f after the earlier layouts'), index [F, D] (replica of each device, -1), counts [F, 6]: tasks,
     resources, dependencies, tensors, reads and output tensors of each fragment). Without ``rows`` (compact
     fragments: :func:`_assemble` writes them) the resource, dependency, tensor and read columns are empty and
-    only the counts are taken."""
+    only the counts, the units' first output tensors and the index are taken."""
     f_count = groups.size
     counts = np.zeros((f_count, 6), dtype=np.int64)
     units_total = 0
@@ -1591,7 +1584,6 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
     """
     m_pairs = fragment_p.size
     # sizes first (bounds for dependencies, reads and resources), so that every column is allocated once
-    tasks = 0
     transfers = 0
     deps = 0
     resources = 0

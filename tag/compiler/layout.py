@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from tag._arrays import csr_from_lists
+from tag._arrays import csr_by_key, csr_from_lists
 from tag.cluster import Cluster
 from tag.cost.comm import hop_bandwidths
 from tag.grouping import quotients_are_dags
@@ -218,12 +218,12 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, key: tuple) ->
         mask = np.frombuffer(row, dtype=bool)
         placed = context.placements[(row, split_option, batch_split)] = _placement(context, mask, split_option,
                                                                                    batch_split)
-    devices, base = placed
+    devices = placed["devices"]
     if option == MODEL_PARALLEL and len(devices) > 1:
         pieces, op_device, op_pieces = _model_parallel_pieces(tables, context, group, devices)
-        return GroupLayout(group=group, option=option, **base, pieces=pieces, op_device=op_device, op_pieces=op_pieces,
-                           key=key)
-    return GroupLayout(group=group, option=option, **base, key=key)
+        return GroupLayout(group=group, option=option, **placed, pieces=pieces, op_device=op_device,
+                           op_pieces=op_pieces, key=key)
+    return GroupLayout(group=group, option=option, **placed, key=key)
 
 
 def unit_durations(tables: CompilerTables, context: ClusterContext, layout: GroupLayout) -> np.ndarray:
@@ -239,9 +239,9 @@ def unit_durations(tables: CompilerTables, context: ClusterContext, layout: Grou
     return time_fixed[:, device_types] + time_scaled[:, device_types] * np.asarray(layout.fraction)
 
 
-def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, batch_split: str) -> tuple:
-    """What a layout takes from its placement row, whatever its group: (devices, the layout's devices,
-    fraction, lo, hi and split fields)."""
+def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, batch_split: str) -> dict:
+    """What a layout takes from its placement row, whatever its group: its devices, fraction, lo, hi and split
+    fields."""
     devices = np.flatnonzero(mask[context.cluster.device_group])
     r = devices.size
     split = split_option and r >= 2
@@ -253,10 +253,8 @@ def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, ba
         lo = np.concatenate([[0.0], hi[:-1]])
     else:
         fraction, lo, hi = np.ones(r), np.zeros(r), np.ones(r)
-    device_tuple = tuple(devices.tolist())
-    base = dict(devices=device_tuple, fraction=tuple(fraction.tolist()), lo=tuple(lo.tolist()),
+    return dict(devices=tuple(devices.tolist()), fraction=tuple(fraction.tolist()), lo=tuple(lo.tolist()),
                 hi=tuple(hi.tolist()), split=split)
-    return device_tuple, base
 
 
 def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]):
@@ -371,10 +369,8 @@ def _group_units(tables: CompilerTables, context: ClusterContext, group: int) ->
     a, b = a[inside], b[inside]
     inside = unit_index[a] == unit_index[b]
     a, b = a[inside], b[inside]
-    by_unit = np.argsort(unit_index[a], kind="stable")
+    edge_ptr, by_unit = csr_by_key(units.size, unit_index[a])
     a, b = a[by_unit], b[by_unit]
-    edge_ptr = np.zeros(units.size + 1, dtype=np.int64)
-    np.cumsum(np.bincount(unit_index[a], minlength=units.size), out=edge_ptr[1:])
     unit_bound = np.zeros(gg.num_groups + 1, dtype=np.int64)
     np.cumsum([u.size for u in units_by_group], out=unit_bound[1:])
     for g in range(gg.num_groups):

@@ -62,6 +62,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from tag._arrays import csr_by_key
 from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.graph.opgraph import (
@@ -322,9 +323,8 @@ def _build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: st
 
 
 def _split_by(keys: np.ndarray, values: np.ndarray, size: int) -> list[np.ndarray]:
-    order = np.argsort(keys, kind="stable")
-    bounds = np.searchsorted(keys[order], np.arange(size + 1))
-    return [values[order[bounds[k]:bounds[k + 1]]] for k in range(size)]
+    ptr, order = csr_by_key(size, keys)
+    return [values[order[ptr[k]:ptr[k + 1]]] for k in range(size)]
 
 
 def _uses(graph: OpGraph, assignment: np.ndarray, demand: np.ndarray):
@@ -380,12 +380,13 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
     producer = tables.use_producer[use_ids]  # [Q]
     group_p, group_c = tables.group_graph.assignment[producer], tables.use_group[use_ids]
     pclass = tables.use_pclass[use_ids].astype(np.int64)
-    keep, demand, set_unit, bounds = _consumer_units(tables, use_ids, op_unit, producer, group_p == group_c,
+    unit_p = op_unit[producer]  # [Q]
+    keep, demand, set_unit, bounds = _consumer_units(tables, use_ids, op_unit, unit_p, group_p == group_c,
                                                      pclass, skip_local)
     uses = np.flatnonzero(keep)
+    kept_ids = use_ids[uses]
     # input ops' tensors (parameters, the batch) exist from time 0 and all queue at once: each moves on its
     # own, in op order, as at op level (one merged transfer would take the NICs in another order)
-    unit_p = op_unit[producer]
     unit_key = np.where(unit_p != NO_UNIT, unit_p, NO_UNIT - 1 - producer)[uses].tolist()
     if op_device is None:
         devices = [-1] * uses.size
@@ -401,12 +402,12 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
     # categories: (bundle, class, demand), ascending; bytes summed in use order from 0.0 (bincount)
     width = int(max(pclass.max(), demand.max())) + 1
     codes, category = np.unique((bundle_of * width + pclass[uses]) * width + demand[uses], return_inverse=True)
-    nbytes = tables.use_bytes[use_ids[uses]]
+    nbytes = tables.use_bytes[kept_ids]
     category_bytes = np.bincount(category, weights=nbytes, minlength=codes.size).tolist()
     category_count = np.bincount(category, weights=nbytes > 0, minlength=codes.size).astype(np.int64).tolist()
-    by_category = use_ids[uses][np.argsort(category, kind="stable")].tolist()
-    use_bounds = np.cumsum(np.bincount(category, minlength=codes.size)).tolist()
-    category_uses = [tuple(by_category[a:b]) for a, b in zip([0] + use_bounds[:-1], use_bounds)]
+    use_ptr, by_category = csr_by_key(codes.size, category)
+    by_category, use_ptr = kept_ids[by_category].tolist(), use_ptr.tolist()
+    category_uses = [tuple(by_category[a:b]) for a, b in zip(use_ptr[:-1], use_ptr[1:])]
     category_pclass, category_demand = ((codes // width) % width).tolist(), (codes % width).tolist()
     category_bounds = np.searchsorted(codes // (width * width), np.arange(len(index) + 1)).tolist()
     bundles: dict[tuple[int, int], list[Bundle]] = {}
@@ -418,11 +419,11 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
     return bundles
 
 
-def _consumer_units(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarray, producer: np.ndarray,
+def _consumer_units(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarray, unit_p: np.ndarray,
                     local: np.ndarray, pclass: np.ndarray, skip_local: bool) -> tuple:
     """For :func:`make_bundles`: (kept [Q] bool, demand [Q], consumer units, bounds [Q+1]), the units reading
-    use ``use_ids[i]`` being ``units[bounds[i]:bounds[i + 1]]`` (ascending; lists). ``local`` [Q]: the use
-    stays inside one group; with ``skip_local`` such a use loses its readers in the producer's unit, takes
+    use ``use_ids[i]`` being ``units[bounds[i]:bounds[i + 1]]`` (ascending; lists). ``unit_p`` [Q]: each use's
+    producer unit; ``local`` [Q]: the use stays inside one group; with ``skip_local`` such a use loses its readers in the producer's unit, takes
     their demand, and is not kept where it never moves data (:func:`always_local`)."""
     demand = tables.use_demand[use_ids].astype(np.int64)
     # every (use, consumer op) pair: the use's index into use_ids and the consumer's unit
@@ -434,7 +435,7 @@ def _consumer_units(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.nda
     keep = np.ones(use_ids.size, dtype=bool)
     if skip_local:
         # readers in the producer's own unit read it inside the task (no sync edge lies inside a unit)
-        outside = ~(local[use_of] & (consumer_unit == op_unit[producer][use_of]))
+        outside = ~(local[use_of] & (consumer_unit == unit_p[use_of]))
         use_of, consumer, consumer_unit = use_of[outside], consumer[outside], consumer_unit[outside]
         local_demand = np.full(use_ids.size, -1, dtype=np.int64)  # -1: no reader left
         np.maximum.at(local_demand, use_of, tables.op_demand[consumer].astype(np.int64))

@@ -39,7 +39,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tag._arrays import csr_by_key
-from tag._compiled import jit, kahn_least_first
+from tag._compiled import jit, kahn_least_first, successor_lists
 from tag.errors import GraphError
 from tag.grouping.errors import GroupingError
 
@@ -106,22 +106,9 @@ def _quotients_are_dags(node_ptr, edge_ptr, src, dst, labels, which):
 @jit
 def _quotient_is_dag(src, dst, labels, num):
     """:func:`quotient_is_dag` over ``num`` labels: Kahn's algorithm over the edges between classes."""
-    ptr = np.zeros(num + 1, dtype=np.int64)
-    indegree = np.zeros(num, dtype=np.int64)
-    for k in range(src.size):
-        a, b = labels[src[k]], labels[dst[k]]
-        if a != b:
-            ptr[a + 1] += 1
-            indegree[b] += 1
-    for a in range(num):
-        ptr[a + 1] += ptr[a]
-    slot = ptr[:-1].copy()
-    succ = np.empty(ptr[num], dtype=np.int64)
-    for k in range(src.size):
-        a, b = labels[src[k]], labels[dst[k]]
-        if a != b:
-            succ[slot[a]] = b
-            slot[a] += 1
+    a, b = labels[src], labels[dst]
+    cross = a != b
+    ptr, succ, _, indegree = successor_lists(num, b[cross], a[cross], np.empty(0))
     return kahn_least_first(ptr, succ, indegree)[1] == num
 
 

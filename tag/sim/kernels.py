@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tag._compiled import COMPILED, id_pop as _id_pop, id_push as _id_push, jit as _jit
+from tag._compiled import COMPILED, id_pop as _id_pop, id_push as _id_push, jit as _jit, successor_lists
 from tag.sim.taskgraph import RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COMPUTE
 
 if COMPILED:
@@ -183,36 +183,6 @@ def list_schedule(duration, res_ptr, res, succ_ptr, succ, succ_lag, indegree, nu
                     first[b] = successor
                     nonempty |= np.uint64(1) << np.uint64(b)
     return start, finish
-
-
-@_jit
-def successor_lists(num_tasks, dep_task, dep_on, dep_lag):
-    """(succ_ptr [T+1], succ [E], succ_lag [E], indegree [T]) of the dependencies "dep_task[k] waits for
-    dep_on[k] until dep_lag[k] seconds after its start" [E]: a counting sort by dep_on, duplicates kept,
-    each list in dependency order and the indegree counting each. List scheduling takes the latest release
-    of a task's dependencies however often one is listed, so the evaluator skips the merge of
-    :func:`successors_csr`; the feedback, which counts a dependency once, merges the few it reads
-    (:func:`feedback_sums`). An empty dep_lag gives an empty succ_lag."""
-    lagged = dep_lag.size > 0
-    # counts one place further on (ptr[on + 2]), so that after the running sum ptr[on + 1] is the start of
-    # on's list, the scatter's cursor, and ends as its end: no [T] copy of cursors
-    ptr = np.zeros(num_tasks + 2, dtype=np.int64)
-    indegree = np.zeros(num_tasks, dtype=dep_task.dtype)
-    for k in range(dep_on.size):
-        ptr[np.int64(dep_on[k]) + 2] += 1
-        indegree[dep_task[k]] += 1
-    for t in range(num_tasks):
-        ptr[t + 2] += ptr[t + 1]
-    succ = np.empty(dep_on.size, dtype=dep_task.dtype)
-    lag = np.empty(dep_on.size if lagged else 0)
-    for k in range(dep_on.size):
-        on = np.int64(dep_on[k]) + 1
-        s = ptr[on]
-        succ[s] = dep_task[k]
-        if lagged:
-            lag[s] = dep_lag[k]
-        ptr[on] = s + 1
-    return ptr[:num_tasks + 1], succ, lag, indegree
 
 
 @_jit
@@ -453,7 +423,8 @@ def peak_memory(num_devices, tensor_device, tensor_bytes, tensor_persistent, pro
 @_jit
 def feedback_sums(num_groups, num_resources, group, kind, duration, res_ptr, res, edge_ptr, edge_end, edge_lag,
                   by_predecessor, start, finish):
-    """The sums behind Table 1's feedback, in one pass over tasks, resources and dependencies:
+    """The sums behind Table 1's feedback, from one pass over tasks and resources and one over dependencies
+    (without lags and by predecessor, a flat pass finds the dependencies into non-compute tasks first):
     (first start [G], last finish [G], total wait [G] and count [G] from a compute task's finish to the start
     of a transfer or collective depending on it, busy seconds [R] of each resource). Dependencies as a CSR
     edge_ptr [T+1] / edge_end [E] over the predecessors (``by_predecessor``: task a's list holds the tasks
