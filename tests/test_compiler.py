@@ -784,6 +784,63 @@ def test_arena_stores_queued_fragments_in_one_go():
     np.testing.assert_array_equal(arena.view("read_tensor")[1:] >> _SEGMENT_SHIFT, [0, 2])
 
 
+def test_arena_stores_pair_fragments_at_once_as_queue_and_flush_would():
+    """store_many (the pair kernel's rows written straight into the arena) against add_many + flush: the same
+    rows, references segmented alike, the same fragment table, over random fragments (with blocks empty or
+    not, a fragment of one group's pair with C's block empty) stored on top of a queued one."""
+    from tag.compiler.evaluate import (_DEP0, _GROUP_COLUMNS, _META, _PAIR_COLUMNS, _READ0, _RES0, _TABLES,
+                                       _TASK0, _TEN0, _Arena)
+
+    rng = np.random.default_rng(7)
+    for _ in range(20):
+        f = int(rng.integers(1, 6))
+        blocks = rng.integers(0, 4, size=(f, 4))
+        blocks[rng.random(f) < 0.3, 1] = 0
+        counts = rng.integers(0, 5, size=(f, 5))
+        early = np.minimum(rng.integers(0, 5, size=f), counts[:, 0])
+        counts[:, 3] = early  # a pair's tensors are its transfers' outputs
+        tasks, tensors = blocks[:, 0] + blocks[:, 1] + counts[:, 0], blocks[:, 2] + blocks[:, 3] + counts[:, 3]
+
+        def refs(table, bound):  # a reference of each row of ``table``, below each fragment's bound (>= 1 here)
+            return np.concatenate([rng.integers(0, max(int(b), 1), size=int(c)) for c, b in zip(
+                counts[:, _TABLES.index(table)], bound)]).astype(np.int64)
+
+        dep_task = refs("dep", tasks)
+        dep_on = (dep_task + 1 + refs("dep", tasks)) % np.repeat(np.maximum(tasks, 1), counts[:, 2])
+        dep_on[dep_on == dep_task] = -1  # no task waits for itself (store_many's premise)
+        keep = dep_on >= 0
+        counts[:, 2] = np.bincount(np.repeat(np.arange(f), counts[:, 2])[keep], minlength=f)
+        dep_task, dep_on = dep_task[keep], dep_on[keep]
+        total = counts.sum(axis=0)
+        columns = {"duration": rng.random(total[0]), "kind": rng.integers(1, 3, size=total[0]).astype(np.int8),
+                   "nres": rng.integers(1, 4, size=total[0]), "res": rng.integers(0, 50, size=total[1]),
+                   "dep_task": dep_task, "dep_on": dep_on, "tensor_device": rng.integers(0, 8, size=total[3]),
+                   "tensor_bytes": rng.random(total[3]), "tensor_producer": refs("tensor", tasks),
+                   "read_tensor": refs("read", tensors), "read_task": refs("read", tasks)}
+        queued = {"duration": [1.0], "kind": 0, "group": 2, "nres": 1, "res": [0], "dep_task": [], "dep_on": [],
+                  "tensor_device": [0], "tensor_bytes": [4.0], "tensor_producer": [0], "tensor_persistent": True,
+                  "read_tensor": [], "read_task": []}
+        names = [name for table in _TABLES for name in _PAIR_COLUMNS[table]]
+        one, two = _Arena(lagged=False), _Arena(lagged=False)
+        one.add(queued, (0, 0, 0, 0), 1)
+        one.add_many({**columns, "tensor_persistent": False}, blocks, early, counts)
+        one.flush()
+        two.add(queued, (0, 0, 0, 0), 1)  # still queued when the others are stored: its rows come after theirs
+        assert two.store_many(tuple(columns[name] for name in names), blocks, early, counts) == 1
+        two.flush()
+        assert one.stored == two.stored == f + 1
+        where = [_TASK0, _RES0, _DEP0, _TEN0, _READ0]  # [5] each table's first row of a fragment
+        rows_of = {name: table for table in _TABLES for name in _GROUP_COLUMNS[table]}
+        held = [c for c in range(_META) if c not in where]
+        np.testing.assert_array_equal(one.meta[:f + 1, held], two.meta[:f + 1, held])
+        for name in names + ["tensor_persistent"]:
+            k = _TABLES.index(rows_of[name])
+            for fragment in range(f + 1):
+                n = one.meta[fragment, where[k] + 1]
+                a0, b0 = one.meta[fragment, where[k]], two.meta[fragment, where[k]]
+                np.testing.assert_array_equal(one.view(name)[a0:a0 + n], two.view(name)[b0:b0 + n], err_msg=name)
+
+
 def test_arena_numbers_compact_fragments_between_queued_ones():
     """Compact fragments (a replicated group's devices and batch fractions) take their ids when added, between
     fragments of rows that are still queued: the fragment table then holds each at its own id, the compact

@@ -31,9 +31,10 @@ made once per skeleton list. The kernel reads each group fragment's block (its r
 its units' first output tensors) and each pair's bundles from stores written once, when they are made, and
 each skeleton list's rows likewise. A model-parallel side is one more block to it (a task
 per piece, its units the pieces), with bundles made per pair of layouts by pieces; model-parallel groups
-(their METIS pieces) go through the compiler's own Python (``_Compiler.group_fragment``). The arena queues
-an evaluation's new fragments of rows and stores them at once, one append per column (compact fragments are
-stored as they come).
+(their METIS pieces) go through the compiler's own Python (``_Compiler.group_fragment``). The new pair
+fragments of an evaluation are written into the arena's columns by one more kernel call (:func:`_store_rows`);
+other fragments of rows (model-parallel groups', and every fragment where chunks are merged) are queued and
+stored at once, one append per column; compact fragments are stored as they come.
 
 Inside a replicated group, where dependencies are ordinary (no merged chunks), a dependency between two of
 its units that a longer path of its units implies is left out (``_local_dep``): it changes no start time
@@ -208,6 +209,21 @@ class _Arena(_Columns):
         in the task, res, dep, tensor and read tables; blocks [F, 4]; early [F]); returns the first one's id."""
         if len(early):
             self.pending.append((rows, blocks, early, counts, self.num_fragments))
+        self.num_fragments += len(early)
+        return self.num_fragments - len(early)
+
+    def store_many(self, columns: tuple, blocks: np.ndarray, early: np.ndarray, counts: np.ndarray) -> int:
+        """Store F fragments of rows at once, as :meth:`add_many` and :meth:`flush` would, their columns
+        (:data:`_PAIR_COLUMNS`' in its order, arrays) lying one after another; returns the first one's id. For
+        fragments with no task depending on itself (the filter :meth:`flush` applies) and no lags."""
+        first = self.extend({}, dict(zip(_TABLES, counts.sum(axis=0).tolist())))  # rows to write
+        c = self.columns
+        meta = _store_rows(np.array([first[table] for table in _TABLES], dtype=np.int64), counts, blocks, early,
+                           *columns, c["duration"], c["kind"], c["nres"], c["res"], c["dep_task"], c["dep_on"],
+                           c["tensor_device"], c["tensor_bytes"], c["tensor_producer"], c["tensor_persistent"],
+                           c["read_tensor"], c["read_task"])
+        ids = self.num_fragments + np.arange(len(early))
+        self._set_meta(ids, meta)
         self.num_fragments += len(early)
         return self.num_fragments - len(early)
 
@@ -983,12 +999,14 @@ class StrategyEvaluator:
             np.array(collective_seconds, dtype=np.float64), np.array(held_ptr, dtype=np.int64),
             np.array(held, dtype=np.int64), self._alpha, self._beta, self._nic_out, self._nic_in, self._link_base)
         self._block_of.extend([None] * len(keys))
+        if not self._merging:  # stored at once: the kernel makes no dependency of a task on itself
+            first = self._arena.store_many((duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes,
+                                            tensor_producer, read_tensor, read_task), blocks, counts[:, 5],
+                                           np.ascontiguousarray(counts[:, :5]))
+            return list(range(first, first + len(keys)))
         rows = {"duration": duration, "kind": kind, "nres": nres, "res": res, "dep_task": dep_task, "dep_on": dep_on,
                 "tensor_device": tensor_device, "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
                 "tensor_persistent": False, "read_tensor": read_tensor, "read_task": read_task}
-        if not self._merging:
-            first = self._arena.add_many(rows, blocks, counts[:, 5], counts[:, :5])
-            return list(range(first, first + len(keys)))
         # merged chunks: each fragment moves onto its blocks' merged tasks on its own
         ends = np.cumsum(counts[:, :5], axis=0)
         fragments = []
@@ -1224,17 +1242,78 @@ def _segmented(refs, counts, ends):
     out = np.empty(refs.size, dtype=np.int32)
     i = 0
     for f in range(counts.size):
-        end_0, end_1, end_2 = ends[f, 0], ends[f, 1], ends[f, 2]
         for _ in range(counts[f]):
-            ref = refs[i]
-            if ref < 0:
-                out[i] = -1
-            else:  # the ends never decrease, so the segment is the number of ends at or below the reference
-                segment = np.int64(ref >= end_0) + np.int64(ref >= end_1) + np.int64(ref >= end_2)
-                base = 0 if segment == 0 else (end_0 if segment == 1 else (end_1 if segment == 2 else end_2))
-                out[i] = (segment << _SEGMENT_SHIFT) | (ref - base)
+            out[i] = _segment(refs[i], ends[f, 0], ends[f, 1], ends[f, 2])
             i += 1
     return out
+
+
+@jit
+def _segment(ref, end_0, end_1, end_2):
+    """One reference of :func:`_segmented`, its fragment's segments ending before end_0, end_1 and end_2."""
+    if ref < 0:
+        return np.int32(-1)
+    # the ends never decrease, so the segment is the number of ends at or below the reference
+    segment = np.int64(ref >= end_0) + np.int64(ref >= end_1) + np.int64(ref >= end_2)
+    base = 0 if segment == 0 else (end_0 if segment == 1 else (end_1 if segment == 2 else end_2))
+    return np.int32((segment << _SEGMENT_SHIFT) | (ref - base))
+
+
+@jit
+def _store_rows(first, counts, blocks, early, duration, kind, nres, res, dep_task, dep_on, tensor_device,
+                tensor_bytes, tensor_producer, read_tensor, read_task, a_duration, a_kind, a_nres, a_res, a_dep_task,
+                a_dep_on, a_tensor_device, a_tensor_bytes, a_tensor_producer, a_tensor_persistent, a_read_tensor,
+                a_read_task):
+    """Write F fragments of rows (one after another, counts [F, 5] of each one's rows in the task, res, dep,
+    tensor and read tables; references numbered as :meth:`_Arena.add` takes them, blocks [F, 4], early own
+    tasks early [F]) into the arena's columns ``a_*`` from row ``first[table]`` of each table on, references
+    segmented as :meth:`_Arena.flush` segments them, no tensor persistent; returns their rows of the fragment
+    table [F, _META]."""
+    num = counts.shape[0]
+    meta = np.zeros((num, _META), dtype=np.int64)
+    t, h, e, n, q = first[0], first[1], first[2], first[3], first[4]  # arena rows
+    i_t = i_h = i_e = i_n = i_q = 0  # rows given
+    for f in range(num):
+        meta[f, _TASK0], meta[f, _TASKS], meta[f, _EARLY] = t, counts[f, 0], early[f]
+        meta[f, _RES0], meta[f, _RES], meta[f, _DEP0], meta[f, _DEPS] = h, counts[f, 1], e, counts[f, 2]
+        meta[f, _TEN0], meta[f, _TENS], meta[f, _READ0], meta[f, _READS] = n, counts[f, 3], q, counts[f, 4]
+        for j in range(4):
+            meta[f, _BLOCK_P + j] = blocks[f, j]
+        meta[f, _COMPACT] = -1
+        # task references: [P's block | C's block | early own | late own]; tensor references: [P | C | own]
+        end_0 = blocks[f, 0]
+        end_1 = end_0 + blocks[f, 1]
+        end_2 = end_1 + early[f]
+        tensor_0 = blocks[f, 2]
+        tensor_1 = tensor_0 + blocks[f, 3]
+        for _ in range(counts[f, 0]):
+            a_duration[t] = duration[i_t]
+            a_kind[t] = kind[i_t]
+            a_nres[t] = nres[i_t]
+            t += 1
+            i_t += 1
+        for _ in range(counts[f, 1]):
+            a_res[h] = res[i_h]
+            h += 1
+            i_h += 1
+        for _ in range(counts[f, 2]):
+            a_dep_task[e] = _segment(dep_task[i_e], end_0, end_1, end_2)
+            a_dep_on[e] = _segment(dep_on[i_e], end_0, end_1, end_2)
+            e += 1
+            i_e += 1
+        for _ in range(counts[f, 3]):
+            a_tensor_device[n] = tensor_device[i_n]
+            a_tensor_bytes[n] = tensor_bytes[i_n]
+            a_tensor_producer[n] = _segment(tensor_producer[i_n], end_0, end_1, end_2)
+            a_tensor_persistent[n] = False
+            n += 1
+            i_n += 1
+        for _ in range(counts[f, 4]):
+            a_read_tensor[q] = _segment(read_tensor[i_q], tensor_0, tensor_1, _IN_SEGMENT + 1)
+            a_read_task[q] = _segment(read_task[i_q], end_0, end_1, end_2)
+            q += 1
+            i_q += 1
+    return meta
 
 
 # ------------------------------------------------------------------------------------------------ the kernel
