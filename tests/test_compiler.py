@@ -672,6 +672,35 @@ def test_evaluator_cache_bound_and_entry_points(bert_tiny):
     assert evaluate_strategy(gg, strategies[0], cluster, feedback=False).feedback is None
 
 
+@pytest.mark.parametrize("wide", [False, True])
+def test_evaluator_looks_up_the_groups_whose_row_option_or_split_changed(bert_tiny, wide):
+    """Group fragments are found by one int64 key per group (row bits, option, batch split, group; interned
+    where a cluster has too many device groups for the bits: forced here): strategies that change a few
+    groups, then only the option of one, then only the batch split, each give compile_strategy's result, and
+    a strategy seen before brings no new fragment."""
+    gg, cluster = bert_tiny
+    evaluator = StrategyEvaluator(gg, cluster)
+    if wide:
+        evaluator._bits = None
+    base = random_strategy(gg.num_groups, cluster, seed=3, batch_split="even")
+    rng = np.random.default_rng(0)
+    option = base.option.copy()
+    option[int(rng.integers(gg.num_groups))] ^= 1  # allreduce <-> ps, or duplicate <-> model-parallel
+    changed = random_strategy(gg.num_groups, cluster, seed=4, batch_split="even")
+    placement = base.placement.copy()
+    picked = rng.choice(gg.num_groups, size=3, replace=False)
+    placement[picked] = changed.placement[picked]
+    sequence = [base, Strategy.from_cluster(cluster, placement, base.option),
+                Strategy.from_cluster(cluster, base.placement, option),
+                Strategy.from_cluster(cluster, base.placement, base.option, batch_split="speed"), base]
+    built = []
+    for strategy in sequence:
+        assert_same_result(evaluator(strategy), simulate_fast(compile_strategy(gg, strategy, cluster).taskgraph))
+        built.append(evaluator.cached_fragments()[0])
+    assert built[0] > 0 and built[-1] == built[-2]  # the first strategy again: every fragment found
+    assert built[1] - built[0] <= 3 and built[2] - built[1] <= 1  # only the changed groups are new
+
+
 def test_evaluator_refuses_bad_strategies_and_reports_oom(bert_tiny, one_layer):
     gg, cluster = bert_tiny
     evaluator = strategy_evaluator(gg, cluster)

@@ -84,7 +84,7 @@ from tag.sim.kernels import (int_table, list_schedule, merge_chunks, peak_memory
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
                                TASK_COMPUTE, TASK_TRANSFER)
-from tag.strategy import BATCH_SPLITS, PS, Strategy, device_group_sizes
+from tag.strategy import BATCH_SPLITS, OPTIONS, PS, Strategy, device_group_sizes
 from tag.compiler.compile import (ADAM_COPIES, _Compiler, collective_resources, ps_seconds,
                                   ring_allreduce_seconds)
 from tag.compiler.errors import CompileError
@@ -530,18 +530,14 @@ class StrategyEvaluator:
         self.max_cached_tasks = max_cached_tasks
         self._sizes = device_group_sizes(cluster)
         m = cluster.num_device_groups
-        self._bits = np.left_shift(1, np.arange(m, dtype=np.int64)) if m <= 62 else None  # [M] row -> code
+        # [M] a placement row -> its bits, where a group's key (_group_keys) fits in an int64 (None: keys interned)
+        wide = (1 << m) * len(OPTIONS) * len(BATCH_SPLITS) * group_graph.num_groups >= 1 << 63
+        self._bits = None if wide else np.left_shift(1, np.arange(m, dtype=np.int64))
         pairs = list(self.tables.pair_uses)
         self._pairs = pairs  # [P] (producer group, consumer group), compile_strategy's order
         self._pair_p = np.array([p for p, _ in pairs], dtype=np.int64)  # [P]
         self._pair_c = np.array([c for _, c in pairs], dtype=np.int64)  # [P]
         self._group_order = self.tables.group_order.astype(np.int64)  # [G]
-        group_pairs: list[list[int]] = [[] for _ in range(group_graph.num_groups)]
-        for k, (p, c) in enumerate(pairs):
-            group_pairs[p].append(k)
-            group_pairs[c].append(k)
-        # [G] pairs touching each group, ascending (a group's pair with itself once)
-        self._group_pairs = [np.unique(np.array(ks, dtype=np.int64)) for ks in group_pairs]
         d, m = cluster.num_devices, cluster.num_machines
         self._link_base = 2 * d + 2 * m
         self._fixed_resources = np.array([RES_COMPUTE] * d + [RES_COMM] * d + [RES_NIC_OUT] * m + [RES_NIC_IN] * m,
@@ -602,7 +598,9 @@ class StrategyEvaluator:
 
     def _clear(self) -> None:
         self._arena = _Arena(self._merging)
-        self._group_fragments: list[dict] = [{} for _ in range(self.group_graph.num_groups)]  # [G] key -> id
+        self._group_table = int_table()  # a group's key (_group_keys) -> its group fragment's id
+        self._num_group_fragments = 0
+        self._wide_keys: dict[tuple, int] = {}  # (group, row as bytes, option, split) -> key, without _bits
         self._pair_table = int_table()  # (group fragment of P) << 32 | (of C) -> the pair fragment's id
         self._templates = int_table()  # template (class, P's row, C's row as bits) -> the pair fragment's id
         self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
@@ -614,7 +612,7 @@ class StrategyEvaluator:
         self._bundles = _BundleStore()  # every pair's bundles, model-parallel pairs' once per build
         self._blocks = _BlockStore(self.cluster.num_devices)  # group fragments' blocks, for pair fragments
         self._last_ids: tuple[np.ndarray | None, np.ndarray | None] = (None, None)  # ([G] group, [P] pair fragments)
-        self._last_groups: tuple | None = None  # ([G] row codes, [G] options, batch split, [G] group fragments)
+        self._last_groups: tuple | None = None  # ([G] keys, [G] group fragments) of the previous call
 
     # ------------------------------------------------------------------ evaluation
     def __call__(self, strategy: Strategy, *, feedback: bool = True, raise_on_oom: bool = False) -> SimulationResult:
@@ -645,7 +643,7 @@ class StrategyEvaluator:
     def cached_fragments(self) -> tuple[int, int]:
         """(group fragments, pair fragments) the evaluator holds now, each built once (pairs of groups alike
         share a pair fragment: :meth:`_new_pair_fragments`; ``max_cached_tasks`` bounds their tasks)."""
-        groups = sum(len(cache) for cache in self._group_fragments)
+        groups = self._num_group_fragments
         return groups, self._arena.num_fragments - groups
 
     def _check(self, strategy: Strategy) -> None:
@@ -658,38 +656,45 @@ class StrategyEvaluator:
             raise CompileError(f"the strategy is for device groups of {strategy.device_group_sizes.tolist()} "
                                f"devices, but cluster {self.cluster.name!r} has {self._sizes.tolist()}")
 
-    def _group_fragment_ids(self, strategy: Strategy) -> np.ndarray:
-        """[G] group fragment of each group under ``strategy`` (compiled on a miss); the groups whose row and
-        option equal the previous call's keep their fragment without a look-up."""
+    def _group_keys(self, strategy: Strategy) -> np.ndarray:
+        """[G] a key of each group's (group, placement row, option, batch split), one int64 each: the row's bits,
+        option, split and group in one number where they fit, else interned."""
         split = BATCH_SPLITS.index(strategy.batch_split)
-        options = strategy.option  # [G]
-        if self._bits is None:  # more device groups than bits in an int64: no shortcut
-            codes, code_array, stale = [row.tobytes() for row in strategy.placement], None, None
+        g = self.group_graph.num_groups
+        if self._bits is not None:
+            codes = strategy.placement @ self._bits  # [G] placement rows as bit sets
+            return ((codes * len(OPTIONS) + strategy.option) * len(BATCH_SPLITS) + split) * g + np.arange(g)
+        keys = self._wide_keys
+        return np.array([keys.setdefault((k, row.tobytes(), option, split), len(keys))
+                         for k, (row, option) in enumerate(zip(strategy.placement, strategy.option.tolist()))],
+                        dtype=np.int64)
+
+    def _group_fragment_ids(self, strategy: Strategy) -> np.ndarray:
+        """[G] group fragment of each group under ``strategy`` (compiled on a miss); only the groups whose key
+        (:meth:`_group_keys`) changed since the previous call are looked up, all at once."""
+        keys = self._group_keys(strategy)
+        last = self._last_groups
+        if last is None:
+            stale, ids = np.arange(keys.size), np.empty(keys.size, dtype=np.int64)
         else:
-            code_array = strategy.placement @ self._bits  # [G] placement rows as bit sets
-            codes = code_array.tolist()
-            last = self._last_groups
-            stale = None if last is None or last[2] != split else \
-                np.flatnonzero((code_array != last[0]) | (options != last[1])).tolist()
-        ids = np.zeros(len(codes), dtype=np.int64) if stale is None else self._last_groups[3].copy()
-        option_list = options.tolist()
-        replicated = []  # (group, its cache key, layout) of the new replicated layouts, built at once below
-        for g in range(len(codes)) if stale is None else stale:
-            cache = self._group_fragments[g]
-            key = (codes[g], option_list[g], split)
-            fragment = cache.get(key)
-            if fragment is None:
-                layout = group_layout(self.tables, self.context, strategy, g)
-                if not layout.model_parallel:
-                    replicated.append((g, key, layout))
-                    continue
-                fragment = cache[key] = self._compile_model_parallel(layout)
-            ids[g] = fragment
-        if replicated:
-            for (g, key, _), fragment in zip(replicated, self._compile_replicated([r[2] for r in replicated])):
-                ids[g] = self._group_fragments[g][key] = fragment
-        if code_array is not None:
-            self._last_groups = (code_array, options.copy(), split, ids)
+            stale, ids = np.flatnonzero(keys != last[0]), last[1].copy()
+        if stale.size:
+            found = table_look_up(self._group_table, keys[stale])
+            ids[stale] = found
+            missed = stale[found < 0]
+            if missed.size:
+                replicated = []  # (group, layout) of the new replicated layouts, built at once below
+                for g in missed.tolist():
+                    layout = group_layout(self.tables, self.context, strategy, g)
+                    if layout.model_parallel:
+                        ids[g] = self._compile_model_parallel(layout)
+                    else:
+                        replicated.append((g, layout))
+                if replicated:
+                    ids[[g for g, _ in replicated]] = self._compile_replicated([layout for _, layout in replicated])
+                table_store(self._group_table, keys[missed], ids[missed])
+                self._num_group_fragments += missed.size
+        self._last_groups = (keys, ids)
         return ids
 
     def _pair_fragment_ids(self, groups: np.ndarray) -> np.ndarray:
@@ -701,11 +706,10 @@ class StrategyEvaluator:
             stale = np.arange(len(self._pairs))
             ids = np.empty(len(self._pairs), dtype=np.int64)
         else:
-            changed = np.flatnonzero(groups != last_groups)
-            if changed.size == 0:
+            changed = groups != last_groups  # [G]
+            stale = np.flatnonzero(changed[self._pair_p] | changed[self._pair_c])  # the pairs touching them
+            if stale.size == 0:
                 return ids
-            touched = [self._group_pairs[g] for g in changed.tolist()]
-            stale = touched[0] if len(touched) == 1 else np.unique(np.concatenate(touched))
             ids = ids.copy()
         # a pair's key: its two group fragments (P's in the high 32 bits), looked up all at once
         fragments_p, fragments_c = groups[self._pair_p[stale]], groups[self._pair_c[stale]]  # [stale]
