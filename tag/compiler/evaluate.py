@@ -1273,50 +1273,43 @@ def _store_rows(first, counts, blocks, early, duration, kind, nres, res, dep_tas
     tasks early [F]) into the arena's columns ``a_*`` from row ``first[table]`` of each table on, references
     segmented as :meth:`_Arena.flush` segments them, no tensor persistent; returns their rows of the fragment
     table [F, _META]."""
-    num = counts.shape[0]
-    meta = np.zeros((num, _META), dtype=np.int64)
-    t, h, e, n, q = first[0], first[1], first[2], first[3], first[4]  # arena rows
-    i_t = i_h = i_e = i_n = i_q = 0  # rows given
-    for f in range(num):
-        meta[f, _TASK0], meta[f, _TASKS], meta[f, _EARLY] = t, counts[f, 0], early[f]
-        meta[f, _RES0], meta[f, _RES], meta[f, _DEP0], meta[f, _DEPS] = h, counts[f, 1], e, counts[f, 2]
-        meta[f, _TEN0], meta[f, _TENS], meta[f, _READ0], meta[f, _READS] = n, counts[f, 3], q, counts[f, 4]
+    t0, h0, e0, n0, q0 = first[0], first[1], first[2], first[3], first[4]
+    # the columns without references, as they are
+    a_duration[t0:t0 + duration.size] = duration
+    a_kind[t0:t0 + kind.size] = kind
+    a_nres[t0:t0 + nres.size] = nres
+    a_res[h0:h0 + res.size] = res
+    a_tensor_device[n0:n0 + tensor_device.size] = tensor_device
+    a_tensor_bytes[n0:n0 + tensor_bytes.size] = tensor_bytes
+    a_tensor_persistent[n0:n0 + tensor_bytes.size] = False
+    # references, fragment by fragment: tasks [P's block | C's block | early own | late own], tensors [P | C | own]
+    meta = np.zeros((counts.shape[0], _META), dtype=np.int64)
+    t = h = e = n = q = 0  # each table's rows of the fragments before
+    for f in range(counts.shape[0]):
+        meta[f, _TASK0], meta[f, _TASKS], meta[f, _EARLY] = t0 + t, counts[f, 0], early[f]
+        meta[f, _RES0], meta[f, _RES], meta[f, _DEP0], meta[f, _DEPS] = h0 + h, counts[f, 1], e0 + e, counts[f, 2]
+        meta[f, _TEN0], meta[f, _TENS], meta[f, _READ0], meta[f, _READS] = n0 + n, counts[f, 3], q0 + q, counts[f, 4]
         for j in range(4):
             meta[f, _BLOCK_P + j] = blocks[f, j]
         meta[f, _COMPACT] = -1
-        # task references: [P's block | C's block | early own | late own]; tensor references: [P | C | own]
         end_0 = blocks[f, 0]
         end_1 = end_0 + blocks[f, 1]
         end_2 = end_1 + early[f]
         tensor_0 = blocks[f, 2]
         tensor_1 = tensor_0 + blocks[f, 3]
-        for _ in range(counts[f, 0]):
-            a_duration[t] = duration[i_t]
-            a_kind[t] = kind[i_t]
-            a_nres[t] = nres[i_t]
-            t += 1
-            i_t += 1
-        for _ in range(counts[f, 1]):
-            a_res[h] = res[i_h]
-            h += 1
-            i_h += 1
-        for _ in range(counts[f, 2]):
-            a_dep_task[e] = _segment(dep_task[i_e], end_0, end_1, end_2)
-            a_dep_on[e] = _segment(dep_on[i_e], end_0, end_1, end_2)
-            e += 1
-            i_e += 1
-        for _ in range(counts[f, 3]):
-            a_tensor_device[n] = tensor_device[i_n]
-            a_tensor_bytes[n] = tensor_bytes[i_n]
-            a_tensor_producer[n] = _segment(tensor_producer[i_n], end_0, end_1, end_2)
-            a_tensor_persistent[n] = False
-            n += 1
-            i_n += 1
-        for _ in range(counts[f, 4]):
-            a_read_tensor[q] = _segment(read_tensor[i_q], tensor_0, tensor_1, _IN_SEGMENT + 1)
-            a_read_task[q] = _segment(read_task[i_q], end_0, end_1, end_2)
-            q += 1
-            i_q += 1
+        for i in range(e, e + counts[f, 2]):
+            a_dep_task[e0 + i] = _segment(dep_task[i], end_0, end_1, end_2)
+            a_dep_on[e0 + i] = _segment(dep_on[i], end_0, end_1, end_2)
+        for i in range(n, n + counts[f, 3]):
+            a_tensor_producer[n0 + i] = _segment(tensor_producer[i], end_0, end_1, end_2)
+        for i in range(q, q + counts[f, 4]):
+            a_read_tensor[q0 + i] = _segment(read_tensor[i], tensor_0, tensor_1, _IN_SEGMENT + 1)
+            a_read_task[q0 + i] = _segment(read_task[i], end_0, end_1, end_2)
+        t += counts[f, 0]
+        h += counts[f, 1]
+        e += counts[f, 2]
+        n += counts[f, 3]
+        q += counts[f, 4]
     return meta
 
 
