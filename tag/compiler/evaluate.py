@@ -128,8 +128,8 @@ _PAIR_COLUMNS = {"task": ("duration", "kind", "nres"), "res": ("res",), "dep": (
                  "tensor": ("tensor_device", "tensor_bytes", "tensor_producer"),
                  "read": ("read_tensor", "read_task")}  # what _pair_fragments returns, by table
 # :func:`_assemble` gives a group fragment's tasks its group and a pair fragment's the consumer's (so pairs of
-# one template share one fragment); the arena's group column keeps the groups the fragments were built with,
-# which assembly does not read.
+# one template share one fragment): the arena holds no group column (a group fragment's rows carry one, which
+# merging reads).
 _FIRST_COLUMN = {"task": "duration", "res": "res", "dep": "dep_task", "tensor": "tensor_device",
                  "read": "read_tensor"}  # a column of each table every fragment gives as a list or an array
 
@@ -175,7 +175,7 @@ class _Arena(_Columns):
 
     def __init__(self, lagged: bool) -> None:
         super().__init__({
-            "duration": (np.float64, "task"), "kind": (np.int8, "task"), "group": (np.int32, "task"),
+            "duration": (np.float64, "task"), "kind": (np.int8, "task"),
             "nres": (np.int32, "task"), "res": (np.int32, "res"), "dep_task": (np.int32, "dep"),
             "dep_on": (np.int32, "dep"), "tensor_device": (np.int32, "tensor"),
             "tensor_bytes": (np.float64, "tensor"), "tensor_producer": (np.int32, "tensor"),
