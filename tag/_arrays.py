@@ -7,7 +7,9 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-__all__ = ["csr_by_key", "csr_from_lists", "edge_arrays", "grown", "kahn_order"]
+from tag._compiled import kahn_least_first
+
+__all__ = ["csr_by_key", "csr_from_lists", "edge_arrays", "grown", "kahn_order", "least_first_order"]
 
 
 def csr_from_lists(lists: Sequence[Sequence[int]]) -> tuple[np.ndarray, np.ndarray]:
@@ -77,3 +79,11 @@ def kahn_order(num_nodes: int, src: np.ndarray, dst: np.ndarray,
             if indegree[nxt] == 0:
                 ready.append(nxt)
     return order, unique
+
+
+def least_first_order(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, int]:
+    """(order, placed) of Kahn's algorithm over the int64 edges src → dst, ties by least node index
+    (:func:`tag._compiled.kahn_least_first`); on a cycle ``placed`` < ``num_nodes`` and the caller raises its
+    own error."""
+    ptr, by_source = csr_by_key(num_nodes, src)
+    return kahn_least_first(ptr, dst[by_source], np.bincount(dst, minlength=num_nodes))

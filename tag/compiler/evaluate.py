@@ -28,13 +28,14 @@ of which category to which, shared by every bundle of a kind), then its collecti
 resources by the compiler's formulas (:func:`~tag.compiler.compile.ring_allreduce_seconds`,
 :func:`~tag.compiler.compile.ps_seconds`, :func:`~tag.compiler.compile.collective_resources`) from a plan
 made once per skeleton list. The kernel reads each group fragment's block (its replicas' or pieces' devices,
-its units' first output tensors) and each pair's bundles from stores written once, when they are made, and
-each skeleton list's rows likewise. A model-parallel side is one more block to it (a task
-per piece, its units the pieces), with bundles made per pair of layouts by pieces; model-parallel groups
-(their METIS pieces) go through the compiler's own Python (``_Compiler.group_fragment``). The new pair
-fragments of an evaluation are written into the arena's columns by one more kernel call (:func:`_store_rows`);
-other fragments of rows (model-parallel groups', and every fragment where chunks are merged) are queued and
-stored at once, one append per column; compact fragments are stored as they come.
+its units' first output tensors) and each pair's bundles from stores written once, when they are made
+(a model-parallel pair's each time they are made), and each skeleton list's rows likewise. A model-parallel
+side is one more block to it (a task per piece, its units the pieces), with bundles made per pair of layouts
+by pieces; model-parallel groups (their METIS pieces) go through the compiler's own Python
+(``_Compiler.group_fragment``). The new pair fragments of an evaluation are written into the arena's columns
+by one more kernel call (:func:`_store_rows`); other fragments of rows (model-parallel groups', and every
+fragment where chunks are merged) are queued and stored at once, one append per column; compact fragments
+are stored as they come.
 
 Inside a replicated group, where dependencies are ordinary (no merged chunks), a dependency between two of
 its units that a longer path of its units implies is left out (``_local_dep``): it changes no start time
@@ -121,15 +122,14 @@ _ROW_BITS = 21  # a template's code: class << 2 * _ROW_BITS | P's row << _ROW_BI
 _CLASS_BITS = 63 - 2 * _ROW_BITS
 _TASK_REFS = ("dep_task", "dep_on", "tensor_producer", "read_task")
 _TABLES = ("task", "res", "dep", "tensor", "read")  # the arena's tables, in the order of its fragment counts
-_GROUP_COLUMNS = {"task": ("duration", "kind", "group", "nres"), "res": ("res",), "dep": ("dep_task", "dep_on"),
+_GROUP_COLUMNS = {"task": ("duration", "kind", "nres"), "res": ("res",), "dep": ("dep_task", "dep_on"),
                   "tensor": ("tensor_device", "tensor_bytes", "tensor_producer", "tensor_persistent"),
                   "read": ("read_tensor", "read_task")}  # what _compile_replicated stores, by table
 _PAIR_COLUMNS = {"task": ("duration", "kind", "nres"), "res": ("res",), "dep": ("dep_task", "dep_on"),
                  "tensor": ("tensor_device", "tensor_bytes", "tensor_producer"),
                  "read": ("read_tensor", "read_task")}  # what _pair_fragments returns, by table
 # :func:`_assemble` gives a group fragment's tasks its group and a pair fragment's the consumer's (so pairs of
-# one template share one fragment): the arena holds no group column (a group fragment's rows carry one, which
-# merging reads).
+# one template share one fragment): fragments hold no group column.
 _FIRST_COLUMN = {"task": "duration", "res": "res", "dep": "dep_task", "tensor": "tensor_device",
                  "read": "read_tensor"}  # a column of each table every fragment gives as a list or an array
 
@@ -187,9 +187,9 @@ class _Arena(_Columns):
         self.meta = np.zeros((256, _META), dtype=np.int64)  # [F, _META] of the fragments with an id
         self.num_fragments = 0  # fragments with an id
         self.compact_tasks = 0  # tasks the compact fragments stand for
-        self.stored = 0  # of which stored (the rest are queued, in order)
+        self.stored = 0  # every fragment below this id is stored (flush sets it; store_many stores at once)
         # queued entries of one or more fragments of rows: (rows, blocks [F, 4], early own tasks [F], rows per
-        # table [F, 5] or None for one fragment: counted from its columns, the first one's id)
+        # table [F, 5], the first one's id)
         self.pending: list[tuple[dict, Any, Any, Any, int]] = []
 
     def view(self, name: str) -> np.ndarray:
@@ -271,8 +271,8 @@ class _Arena(_Columns):
         f = counts.shape[0]
         # [entries, 5] rows per table of each entry (an entry holds at least one fragment)
         entry_rows = counts if f == len(pending) else np.array([c.sum(axis=0) for c in per_entry], dtype=np.int64)
-        blocks = np.concatenate([np.asarray(b, dtype=np.int64).reshape(-1, 4) for _, b, *_ in pending])  # [F, 4]
-        early = np.concatenate([np.asarray(e, dtype=np.int64).reshape(-1) for _, _, e, *_ in pending])  # [F]
+        blocks = np.concatenate([b for _, b, *_ in pending])  # [F, 4]
+        early = np.concatenate([e for _, _, e, *_ in pending])  # [F]
         # their ids: each entry's run, in order (compact fragments may sit between entries)
         ids = np.concatenate([first + np.arange(len(c)) for c, (_, _, _, _, first) in zip(per_entry, pending)])
         # task references: [P's block | C's block | early own | late own]; tensor references: [P | C | own]
@@ -677,7 +677,8 @@ class StrategyEvaluator:
         if last is None:
             stale, ids = np.arange(keys.size), np.empty(keys.size, dtype=np.int64)
         else:
-            stale, ids = np.flatnonzero(keys != last[0]), last[1].copy()
+            stale = np.flatnonzero(keys != last[0])
+            ids = last[1].copy() if stale.size else last[1]
         if stale.size:
             found = table_look_up(self._group_table, keys[stale])
             ids[stale] = found
@@ -761,9 +762,9 @@ class StrategyEvaluator:
                 build = np.sort(np.concatenate([build, leaders]))
         if build.size == 0:
             return out
-        keys = list(zip(fragments_p[build].tolist(), fragments_c[build].tolist()))
-        self._prepare_dynamic_bundles(fragments_p[build], fragments_c[build])
-        prepared = [self._pair_skeletons(*key) for key in keys]
+        built_p, built_c = fragments_p[build], fragments_c[build]
+        self._prepare_dynamic_bundles(built_p, built_c)
+        prepared = [self._pair_skeletons(p, c) for p, c in zip(built_p.tolist(), built_c.tolist())]
         # skeleton lists not stored yet (pairs of repeated layers share one)
         new = list({id(found): found for _, found in prepared if found[1] is None}.values())
         if new:  # stored in one go
@@ -772,7 +773,7 @@ class StrategyEvaluator:
             for found in new:
                 found[1] = start
                 start += len(found[0])
-        out[build] = self._compile_pairs(keys, prepared)
+        out[build] = self._compile_pairs(built_p, built_c, prepared)
         if leaders is not None:
             out[missed] = out[leaders][inverse]
             table_store(self._templates, new_codes, out[leaders])
@@ -873,7 +874,7 @@ class StrategyEvaluator:
         if self._merging:
             rows = {"duration": np.concatenate([unit_durations(self.tables, self.context, layout).reshape(-1)
                                                 for layout in layouts]),
-                    "kind": TASK_COMPUTE, "group": np.repeat(groups, counts[:, 0]), "nres": 1, "res": res,
+                    "kind": TASK_COMPUTE, "nres": 1, "res": res,
                     "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
                     "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
                     "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
@@ -907,15 +908,15 @@ class StrategyEvaluator:
         nres = np.broadcast_to(np.asarray(rows["nres"], dtype=np.int64), tasks)  # a column may be one value
         res_ptr = np.zeros(tasks + 1, dtype=np.int64)
         np.cumsum(nres, out=res_ptr[1:])
-        (new_id, start_lag, end_lag, _, m_duration, kind, group, m_res_ptr, res, dep_task, dep_on, dep_lag, producer,
-         alloc_lag, free_lag, read_task, read_lag) = merge_chunks(
+        (new_id, start_lag, end_lag, _, m_duration, kind, _, m_res_ptr, res, dep_task, dep_on, dep_lag, producer,
+         alloc_lag, free_lag, read_task, read_lag) = merge_chunks(  # groups: given at assembly
             merge_key, self._num_merge_keys, duration, np.full(tasks, rows["kind"], dtype=np.int8),
-            np.full(tasks, rows["group"], dtype=np.int64), res_ptr, np.asarray(rows["res"], dtype=np.int64),
+            np.zeros(tasks, dtype=np.int64), res_ptr, np.asarray(rows["res"], dtype=np.int64),
             np.asarray(rows["dep_task"], dtype=np.int64), np.asarray(rows["dep_on"], dtype=np.int64),
             np.asarray(rows["tensor_producer"], dtype=np.int64), np.asarray(rows["read_tensor"], dtype=np.int64),
             np.asarray(rows["read_task"], dtype=np.int64))
         merged = {
-            "duration": m_duration, "kind": kind, "group": group, "nres": np.diff(m_res_ptr), "res": res,
+            "duration": m_duration, "kind": kind, "nres": np.diff(m_res_ptr), "res": res,
             "dep_task": dep_task, "dep_on": dep_on, "dep_lag": dep_lag, "tensor_device": rows["tensor_device"],
             "tensor_bytes": rows["tensor_bytes"], "tensor_producer": producer, "alloc_lag": alloc_lag,
             "free_lag": free_lag, "tensor_persistent": rows["tensor_persistent"], "read_tensor": rows["read_tensor"],
@@ -970,13 +971,12 @@ class StrategyEvaluator:
         pairs = [(position[u], position[v]) for u in self.tables.group_units[group].tolist() for v in succ[u]]
         return np.array([a for a, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.int64)
 
-    def _compile_pairs(self, keys: list[tuple[int, int]], prepared: list[tuple]) -> list[int]:
-        """The pair fragments of M pairs of group fragments ``keys`` (P's, C's), from their
-        :meth:`_pair_skeletons` (skeletons stored), built by one call of :func:`_pair_fragments` and queued in
-        the arena; returns their ids. The kernel reads the blocks, bundles and skeleton lists from the
-        evaluator's stores; only the collectives are gathered per pair."""
-        fragment_p = np.array([p for p, _ in keys], dtype=np.int64)  # [M]
-        fragment_c = np.array([c for _, c in keys], dtype=np.int64)
+    def _compile_pairs(self, fragment_p: np.ndarray, fragment_c: np.ndarray, prepared: list[tuple]) -> list[int]:
+        """The pair fragments of M pairs of group fragments (P's ``fragment_p`` [M], C's ``fragment_c`` [M]), from
+        their :meth:`_pair_skeletons` (skeletons stored), built by one call of :func:`_pair_fragments` and
+        stored in the arena at once (queued where chunks are merged); returns their ids. The kernel reads the
+        blocks, bundles and skeleton lists from the evaluator's stores; only the collectives are gathered per
+        pair."""
         first_bundle = np.array([static.first for static, _ in prepared], dtype=np.int64)  # [M]
         bundle_end = first_bundle + np.array([static.unit.size for static, _ in prepared], dtype=np.int64)
         list_first = np.array([found[1] for _, found in prepared], dtype=np.int64)  # [M] into the list rows
@@ -1002,19 +1002,19 @@ class StrategyEvaluator:
             np.array(holder_ptr, dtype=np.int64), np.array(holders, dtype=np.int64),
             np.array(collective_seconds, dtype=np.float64), np.array(held_ptr, dtype=np.int64),
             np.array(held, dtype=np.int64), self._alpha, self._beta, self._nic_out, self._nic_in, self._link_base)
-        self._block_of.extend([None] * len(keys))
+        self._block_of.extend([None] * fragment_p.size)
         if not self._merging:  # stored at once: the kernel makes no dependency of a task on itself
             first = self._arena.store_many((duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes,
                                             tensor_producer, read_tensor, read_task), blocks, counts[:, 5],
                                            np.ascontiguousarray(counts[:, :5]))
-            return list(range(first, first + len(keys)))
+            return list(range(first, first + fragment_p.size))
         rows = {"duration": duration, "kind": kind, "nres": nres, "res": res, "dep_task": dep_task, "dep_on": dep_on,
                 "tensor_device": tensor_device, "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
                 "tensor_persistent": False, "read_tensor": read_tensor, "read_task": read_task}
         # merged chunks: each fragment moves onto its blocks' merged tasks on its own
         ends = np.cumsum(counts[:, :5], axis=0)
         fragments = []
-        for m, (p, c) in enumerate(keys):
+        for m, (p, c) in enumerate(zip(fragment_p.tolist(), fragment_c.tolist())):
             one = _fragment_rows(rows, _PAIR_COLUMNS, counts, ends, m)
             one, merged_blocks = self._localize_pair(one, self._block_of[p], self._block_of[c], bool(same[m]),
                                                      (int(blocks[m, 2]), int(blocks[m, 3])))
@@ -1160,7 +1160,7 @@ class StrategyEvaluator:
     def _compiler_rows(compiler: _Compiler) -> dict:
         """The compiler's columns (its own tasks and tensors) and its references, as fragment rows."""
         return {
-            "duration": compiler.duration, "kind": compiler.kind, "group": compiler.group,
+            "duration": compiler.duration, "kind": compiler.kind,
             "nres": [len(r) for r in compiler.res], "res": [r for held in compiler.res for r in held],
             "dep_task": compiler.dep_task, "dep_on": compiler.dep_on, "tensor_device": compiler.tensor_device,
             "tensor_bytes": compiler.tensor_bytes, "tensor_producer": compiler.tensor_producer,
@@ -1518,11 +1518,10 @@ def _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank
     unit-major then replica (unit u's replica j is task ``task_base + u * r + j``, on the j-th device); every
     pair of its units that read each other (``local_src -> local_dst``, CSR ``local_ptr``, unit indices) adds
     a dependency per replica where ``local_dep`` says so, at ``e``, and a read per replica where the source
-    outputs, at ``q``; each unit
-    that outputs (``unit_rank`` >= 0: its rank among them) has a tensor per replica, numbered in unit order
-    from ``tensor_base`` and written at ``n``, of the layout's bytes (batch-scaled bytes times the fraction,
-    plus the fixed ones); then, if the group has persistent bytes, one persistent tensor per device. Returns
-    the next (e, q, n)."""
+    outputs, at ``q``; each unit that outputs (``unit_rank`` >= 0: its rank among them) has a tensor per
+    replica, numbered in unit order from ``tensor_base`` and written at ``n``, of the layout's bytes
+    (batch-scaled bytes times the fraction, plus the fixed ones); then, if the group has persistent bytes, one
+    persistent tensor per device. Returns the next (e, q, n)."""
     first_unit = unit_ptr[g]
     for i in range(local_ptr[g], local_ptr[g + 1]):
         if not local_dep[i]:

@@ -300,10 +300,9 @@ def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devi
     key = (group, context.type_index[devices[0]])
     splitter = context.mp_splitters.get(key)
     if splitter is None:
-        gpu = context.cluster.gpu(devices[0])
         op_times = context.mp_op_times.get(key[1])
         if op_times is None:  # every group's splitter weighs its ops by these: computed once per type
-            op_times = context.mp_op_times[key[1]] = gg.cost.op_times(graph, gpu)
+            op_times = context.mp_op_times[key[1]] = gg.cost.op_times(graph, context.cluster.gpu(devices[0]))
         splitter = context.mp_splitters[key] = GroupSplitter(graph, gg.group_members(group), op_times=op_times)
     where = splitter.split(context.speed[list(devices)])  # [len(ops)] index into devices (split_group)
     units = _group_units(tables, context, group)

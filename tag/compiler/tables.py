@@ -350,8 +350,8 @@ def _uses(graph: OpGraph, assignment: np.ndarray, demand: np.ndarray):
     pclass = np.where(rows, ROWS, np.where(graph.split[producer] == SPLIT_SUM, SUMS, FULL)).astype(np.int8)
     # each use's consumer ops, ascending, as CSR: (use, consumer) pairs sorted and deduplicated
     pairs = np.unique(inverse * graph.num_ops + dst)
-    consumer_ptr = np.searchsorted(pairs // graph.num_ops, np.arange(q + 1)).astype(np.int64)
-    return producer, consumer_group, pclass, need, nbytes, consumer_ptr, (pairs % graph.num_ops).astype(np.int64)
+    consumer_ptr = np.searchsorted(pairs // graph.num_ops, np.arange(q + 1))
+    return producer, consumer_group, pclass, need, nbytes, consumer_ptr, pairs % graph.num_ops
 
 
 def always_local(pclass, demand):
@@ -423,8 +423,9 @@ def _consumer_units(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.nda
                     local: np.ndarray, pclass: np.ndarray, skip_local: bool) -> tuple:
     """For :func:`make_bundles`: (kept [Q] bool, demand [Q], consumer units, bounds [Q+1]), the units reading
     use ``use_ids[i]`` being ``units[bounds[i]:bounds[i + 1]]`` (ascending; lists). ``unit_p`` [Q]: each use's
-    producer unit; ``local`` [Q]: the use stays inside one group; with ``skip_local`` such a use loses its readers in the producer's unit, takes
-    their demand, and is not kept where it never moves data (:func:`always_local`)."""
+    producer unit; ``local`` [Q]: the use stays inside one group; with ``skip_local`` such a use loses its
+    readers in the producer's unit, takes their demand, and is not kept where it never moves data
+    (:func:`always_local`)."""
     demand = tables.use_demand[use_ids].astype(np.int64)
     # every (use, consumer op) pair: the use's index into use_ids and the consumer's unit
     ptr = tables.use_consumer_ptr

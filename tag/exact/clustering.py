@@ -23,8 +23,7 @@ from typing import Sequence
 
 import numpy as np
 
-from tag._arrays import csr_by_key
-from tag._compiled import kahn_least_first
+from tag._arrays import least_first_order
 from tag.exact.stage_graph import PartitionError
 
 __all__ = ["cluster_operators", "ALPHAS", "is_convex", "quotient_edges"]
@@ -137,8 +136,7 @@ def _topological_ids(num_nodes: int, src: np.ndarray, dst: np.ndarray, leader: l
     unique, group = np.unique(roots, return_inverse=True)
     q_src, q_dst = quotient_edges(group, src, dst)
     count = unique.size
-    ptr, by_source = csr_by_key(count, q_src)
-    order, placed = kahn_least_first(ptr, q_dst[by_source], np.bincount(q_dst, minlength=count))
+    order, placed = least_first_order(count, q_src, q_dst)
     if placed != count:  # cannot happen: every fusion was convex
         raise PartitionError("operator clustering produced a cyclic hyper-op graph")
     rank = np.empty(count, dtype=np.int64)

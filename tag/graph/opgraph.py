@@ -211,7 +211,7 @@ class OpGraph:
 
     def topological_order(self) -> np.ndarray:
         """Kahn's order, ties broken by op index; GraphError naming an op on a cycle."""
-        indegree = self.in_degree().copy()  # [N] consumed, left positive on the ops Kahn's could not place
+        indegree = self.in_degree()  # [N] (a new array) consumed, left positive on the ops Kahn's could not place
         order, placed = kahn_least_first(self.succ_ptr, self.succ, indegree)
         if placed != self.num_ops:
             cycle = self._find_cycle(indegree > 0)

@@ -38,7 +38,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from tag._arrays import csr_by_key
+from tag._arrays import csr_by_key, least_first_order
 from tag._compiled import jit, kahn_least_first, successor_lists
 from tag.errors import GraphError
 from tag.grouping.errors import GroupingError
@@ -66,15 +66,15 @@ def dag_order(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
     if src.shape != dst.shape or (ends.size and (ends.min() < 0 or ends.max() >= num_nodes)):
         raise GraphError(f"dag_order: every edge must join two of the nodes 0..{num_nodes - 1} "
                          f"({src.size} sources, {dst.size} targets)")
-    ptr, by_source = csr_by_key(num_nodes, src)
-    order, placed = kahn_least_first(ptr, dst[by_source], np.bincount(dst, minlength=num_nodes).astype(np.int64))
+    order, placed = least_first_order(num_nodes, src, dst)
     if placed != num_nodes:
         raise GraphError(f"graph has a cycle through {num_nodes - placed} of its {num_nodes} nodes")
     return order
 
 
 def quotient_is_dag(src: np.ndarray, dst: np.ndarray, labels: np.ndarray) -> bool:
-    """Whether contracting each label class of a graph's nodes gives a DAG (self loops ignored)."""
+    """Whether contracting each label class of a graph's nodes gives a DAG (self loops ignored); GroupingError
+    on a negative label."""
     return bool(quotients_are_dags([0, np.size(labels)], [0, np.size(src)], src, dst, labels, [0])[0])
 
 
