@@ -295,6 +295,13 @@ def test_model_parallel_group_cuts_become_transfers(bert_tiny):
     check_compiled(plan)
 
 
+def _leaf_types(bundle) -> list[type]:
+    """The type of every number in a Bundle: its four scalars, each element of its per-category tuples and
+    consumer units, and each use id."""
+    return ([type(x) for x in bundle[:4]] + [type(x) for field in bundle[4:9] for x in field]
+            + [type(q) for uses in bundle[9] for q in uses])
+
+
 def _bundles_use_by_use(tables, use_ids, op_unit, skip_local, op_device):
     """make_bundles as a plain loop over the uses (its definition), to check the array version against."""
     from tag.compiler.tables import NO_UNIT, Bundle, always_local
@@ -351,8 +358,9 @@ def test_make_bundles_equals_a_use_by_use_loop(bert_tiny, granularity):
                 got = make_bundles(tables, tables.pair_uses[pair], op_unit, skip_local=skip_local, op_device=op_device)
                 want = _bundles_use_by_use(tables, tables.pair_uses[pair], op_unit, skip_local, op_device)
                 assert list(got.items()) == list(want.items())
-                assert [type(x) for b in got.get(pair, []) for x in (*b[5:8], *b[4])] == \
-                    [type(x) for b in want.get(pair, []) for x in (*b[5:8], *b[4])]
+                types = [_leaf_types(b) for b in got.get(pair, [])]  # Python numbers, as the loop gives
+                assert types == [_leaf_types(b) for b in want.get(pair, [])]
+                assert {t for leaves in types for t in leaves} <= {int, float}
                 checked += len(want.get(pair, []))
     assert checked > 50
     # readers outside the producer's unit set a use's demand inside a group: with the ops' demands drawn at
@@ -795,6 +803,7 @@ def test_arena_stores_queued_fragments_in_one_go():
     assert arena.stored == 0 and arena.size["task"] == 0  # queued only
     arena.flush()
     assert arena.stored == 2 and arena.pending == []
+    assert "group" not in arena.columns  # tasks take their group at assembly: the given one is not stored
     np.testing.assert_array_equal(arena.view("kind"), [0, 0, 1])
     np.testing.assert_array_equal(arena.view("nres"), [1, 1, 1])
     meta = arena.meta[:2]
