@@ -342,38 +342,36 @@ def test_group_splitter_reuses_its_setup_and_matches_split_group():
         GroupSplitter(graph, ops, op_times=np.ones(3))
 
 
-def test_metis_runs_once_per_distinct_input(monkeypatch):
-    """Equal METIS input (two groups of one shape, the same speeds, seed and ufactor) makes one METIS run;
-    the answer is the one a run of its own gives, and a caller changing it changes no later answer."""
+def test_splitters_sharing_runs_run_metis_once_per_distinct_input(monkeypatch):
+    """Splitters given one ``runs`` dict run METIS once for equal input (two groups of one shape, the same
+    speeds, seed and ufactor); the answer is the one a run of its own gives, and a caller changing it changes
+    no later answer. Without ``runs``, every split runs METIS."""
     from tag.grouping import metis
-    monkeypatch.setattr(metis, "_METIS_RUNS", {})
-    monkeypatch.setattr(metis, "_metis_run_nodes", 0)
     runs = []
     part_graph = metis.pymetis.part_graph
     monkeypatch.setattr(metis.pymetis, "part_graph", lambda *a, **k: runs.append(a[0]) or part_graph(*a, **k))
     n = 60
     graph = make_graph([(i, i + 1) for i in range(n - 1)] + [(n + i, n + i + 1) for i in range(n - 1)], n=2 * n,
                        flops=[1e9 + 1e7 * (i % n % 7) for i in range(2 * n)])
-    first, second = GroupSplitter(graph, np.arange(n)), GroupSplitter(graph, np.arange(n, 2 * n))
+    kept: dict = {}
+    first, second = (GroupSplitter(graph, np.arange(n), runs=kept), GroupSplitter(graph, np.arange(n, 2 * n),
+                                                                                  runs=kept))
     speeds = [1, 2, 3]
     answer = first.split(speeds, seed=3)
-    assert len(runs) == 1
+    assert len(runs) == 1 and len(kept) == 1
     answer[:] = -1  # the caller's copy
     again = second.split(speeds, seed=3)  # the same chain, weights and speeds: no new run
     assert len(runs) == 1 and (again >= 0).all()
     first.split(speeds, seed=4)  # another seed, other speeds, another number of parts: a run each
     first.split([1, 2, 4], seed=3)
     first.split([1, 1], seed=3)
-    assert runs == [3, 3, 3, 2]
-    # each answer is a run of its own's: with nothing kept, and with the store emptied on every run
-    monkeypatch.setattr(metis, "_METIS_RUNS", {})
-    np.testing.assert_array_equal(GroupSplitter(graph, np.arange(n, 2 * n)).split(speeds, seed=3), again)
-    monkeypatch.setattr(metis, "_MAX_METIS_NODES", n)
-    for seed in range(3):
-        one = first.split([1, 1], seed=seed)
-        monkeypatch.setattr(metis, "_METIS_RUNS", {})
-        np.testing.assert_array_equal(first.split([1, 1], seed=seed), one)
-    assert len(metis._METIS_RUNS) == 1
+    assert runs == [3, 3, 3, 2] and len(kept) == 4
+    # each answer is a run of its own's (a splitter keeping no runs), which runs METIS every time
+    alone = GroupSplitter(graph, np.arange(n, 2 * n))
+    for speeds_, seed in [(speeds, 3), (speeds, 4), ([1, 2, 4], 3), ([1, 1], 3)]:
+        np.testing.assert_array_equal(alone.split(speeds_, seed=seed), second.split(speeds_, seed=seed))
+    alone.split(speeds, seed=3)
+    assert len(runs) == 9 and len(kept) == 4
 
 
 @pytest.mark.parametrize("speeds", [[], [1, 0], [1, -2], [1, math.inf]])

@@ -95,6 +95,9 @@ class ClusterContext:
     mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them (_GroupUnits)
     mp_splitters: dict = field(default_factory=dict)  # (group, first device's type) -> its GroupSplitter (split_group)
     mp_op_times: dict = field(default_factory=dict)  # device type -> [N] op seconds the splitters weigh ops by
+    # METIS's runs, shared by the splitters: a model-parallel layout splits every group over the same speeds, and
+    # groups of repeated layers give METIS equal input (BERT-Large, 60 groups, 16 devices: 12 distinct in 51)
+    mp_metis_runs: dict = field(default_factory=dict)
     plans: dict = field(default_factory=dict)  # the compiler's per-bundle plans, keyed by bundle and layouts
     skeletons: dict = field(default_factory=dict)  # bundle plans without bytes, keyed by bundle kind and layouts
     compute_resources: list = field(default_factory=list)  # [D] (device,): a compute task's resources
@@ -303,7 +306,8 @@ def _cut_group(tables: CompilerTables, context: ClusterContext, group: int, devi
         op_times = context.mp_op_times.get(key[1])
         if op_times is None:  # every group's splitter weighs its ops by these: computed once per type
             op_times = context.mp_op_times[key[1]] = gg.cost.op_times(graph, context.cluster.gpu(devices[0]))
-        splitter = context.mp_splitters[key] = GroupSplitter(graph, gg.group_members(group), op_times=op_times)
+        splitter = context.mp_splitters[key] = GroupSplitter(graph, gg.group_members(group), op_times=op_times,
+                                                             runs=context.mp_metis_runs)
     where = splitter.split(context.speed[list(devices)])  # [len(ops)] index into devices (split_group)
     units = _group_units(tables, context, group)
     slot = where[units.position]  # [n] device index of each op, unit by unit

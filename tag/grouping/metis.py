@@ -298,23 +298,14 @@ def _metis_graph(num_nodes: int, src: np.ndarray, dst: np.ndarray, edge_bytes: n
     return pymetis.CSRAdjacency(xadj, adjacent), eweights, vweights, digest.digest()
 
 
-# METIS's parts are a function of its input alone (its seed included), so calls with equal input share one run:
-# a model-parallel layout splits every group of a model over the same device speeds, and the groups of repeated
-# layers give METIS equal graphs (BERT-Large in 60 groups over 16 devices: 12 distinct inputs in 51 calls).
-# (graph digest, parts, ufactor, seed, tpwgts) -> parts; emptied when its parts would pass _MAX_METIS_NODES nodes
-# (8 bytes each).
-_METIS_RUNS: dict[tuple, np.ndarray] = {}
-_MAX_METIS_NODES = 1 << 22
-_metis_run_nodes = 0  # nodes of the parts held
-
-
-def _metis_run(metis_graph: tuple, num_parts: int, *, ufactor: int, seed: int,
-               tpwgts: Sequence[float] | None) -> np.ndarray:
-    """[K] METIS k-way part of each node of a :func:`_metis_graph` (a copy of an earlier run's on equal input)."""
-    global _metis_run_nodes
+def _metis_run(metis_graph: tuple, num_parts: int, *, ufactor: int, seed: int, tpwgts: Sequence[float] | None,
+               runs: dict | None = None) -> np.ndarray:
+    """[K] METIS k-way part of each node of a :func:`_metis_graph`. METIS's parts are a function of its input
+    alone (its seed included): ``runs`` (if given) keeps them by input, and a call with the input of one kept
+    gets a copy of its parts without running METIS."""
     adjacency, eweights, vweights, digest = metis_graph
     key = (digest, int(num_parts), int(ufactor), int(seed), None if tpwgts is None else tuple(map(float, tpwgts)))
-    part = _METIS_RUNS.get(key)
+    part = None if runs is None else runs.get(key)
     if part is None:
         options = pymetis.Options(seed=int(seed), ufactor=int(ufactor))
         with _quiet_c_stdout():
@@ -322,11 +313,9 @@ def _metis_run(metis_graph: tuple, num_parts: int, *, ufactor: int, seed: int,
                                           tpwgts=None if tpwgts is None else list(tpwgts), recursive=False,
                                           options=options)
         part = np.asarray(found, dtype=np.int64)
-        if _metis_run_nodes + part.size > _MAX_METIS_NODES:
-            _METIS_RUNS.clear()
-            _metis_run_nodes = 0
-        _METIS_RUNS[key] = part
-        _metis_run_nodes += part.size
+        if runs is None:
+            return part
+        runs[key] = part
     return part.copy()
 
 
@@ -391,10 +380,12 @@ def split_group(graph: OpGraph, group_ops: Sequence[int] | np.ndarray, device_sp
 class GroupSplitter:
     """:func:`split_group` for one group on one GPU type, over any device speeds: what does not depend on the
     devices (the ops' weights, the edges inside the group, a topological order, METIS's graph) is computed
-    once, on first use, so that a search splitting a group over many device sets pays for it once."""
+    once, on first use, so that a search splitting a group over many device sets pays for it once. Splitters
+    given one ``runs`` dict share METIS's runs: equal input (groups of repeated layers over the same device
+    speeds) runs METIS once (:func:`_metis_run`)."""
 
     def __init__(self, graph: OpGraph, group_ops: Sequence[int] | np.ndarray, *, cost: CostModel | None = None,
-                 gpu: GPUType | str | None = None, op_times: np.ndarray | None = None):
+                 gpu: GPUType | str | None = None, op_times: np.ndarray | None = None, runs: dict | None = None):
         ops = np.asarray(group_ops, dtype=np.int64).reshape(-1)
         if ops.size == 0:
             raise GroupingError("split_group: the group has no ops")
@@ -411,6 +402,7 @@ class GroupSplitter:
         self._op_times = op_times
         self._setup: tuple | None = None  # (weight [n], src [e], dst [e], edge_bytes [e], order [n])
         self._metis: tuple | None = None  # _metis_graph of the group
+        self._runs = runs
 
     def _prepared(self) -> tuple:
         if self._setup is None:
@@ -447,7 +439,7 @@ class GroupSplitter:
         if self._metis is None:
             self._metis = _metis_graph(ops.size, src, dst, edge_bytes, weight)
         device = _metis_run(self._metis, speeds.size, ufactor=ufactor, seed=_metis_seed(seed),
-                            tpwgts=speeds / speeds.sum())
+                            tpwgts=speeds / speeds.sum(), runs=self._runs)
         if convex and not quotient_is_dag(src, dst, device):
             piece, _ = repair_acyclic(ops.size, src, dst, edge_bytes, weight, device, max_groups=speeds.size)
             piece_weight = np.bincount(piece, weights=weight)
