@@ -344,8 +344,8 @@ def test_group_splitter_reuses_its_setup_and_matches_split_group():
 
 def test_splitters_sharing_runs_run_metis_once_per_distinct_input(monkeypatch):
     """Splitters given one ``runs`` dict run METIS once for equal input (two groups of one shape, the same
-    speeds, seed and ufactor); the answer is the one a run of its own gives, and a caller changing it changes
-    no later answer. Without ``runs``, every split runs METIS."""
+    speeds, seed and ufactor); each answer is the one METIS gives when it runs for that split alone, and a
+    caller changing it changes no later answer. Without ``runs``, every split runs METIS."""
     from tag.grouping import metis
     runs = []
     part_graph = metis.pymetis.part_graph
@@ -354,8 +354,8 @@ def test_splitters_sharing_runs_run_metis_once_per_distinct_input(monkeypatch):
     graph = make_graph([(i, i + 1) for i in range(n - 1)] + [(n + i, n + i + 1) for i in range(n - 1)], n=2 * n,
                        flops=[1e9 + 1e7 * (i % n % 7) for i in range(2 * n)])
     kept: dict = {}
-    first, second = (GroupSplitter(graph, np.arange(n), runs=kept), GroupSplitter(graph, np.arange(n, 2 * n),
-                                                                                  runs=kept))
+    first = GroupSplitter(graph, np.arange(n), runs=kept)
+    second = GroupSplitter(graph, np.arange(n, 2 * n), runs=kept)
     speeds = [1, 2, 3]
     answer = first.split(speeds, seed=3)
     assert len(runs) == 1 and len(kept) == 1
@@ -366,7 +366,8 @@ def test_splitters_sharing_runs_run_metis_once_per_distinct_input(monkeypatch):
     first.split([1, 2, 4], seed=3)
     first.split([1, 1], seed=3)
     assert runs == [3, 3, 3, 2] and len(kept) == 4
-    # each answer is a run of its own's (a splitter keeping no runs), which runs METIS every time
+    # each answer is what METIS gives when it runs for that split alone (a splitter keeping no runs runs it
+    # every time)
     alone = GroupSplitter(graph, np.arange(n, 2 * n))
     for speeds_, seed in [(speeds, 3), (speeds, 4), ([1, 2, 4], 3), ([1, 1], 3)]:
         np.testing.assert_array_equal(alone.split(speeds_, seed=seed), second.split(speeds_, seed=seed))
