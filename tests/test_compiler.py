@@ -262,6 +262,26 @@ def test_updates_reading_their_parameters_are_cut_only_after_a_long_chunk(cap, m
     assert [ops for role, ops in units if role == ROLE_BACKWARD] == [[4], [5]]  # other reads still cut
 
 
+@pytest.mark.parametrize("view_emits", [True, False])
+def test_ops_of_no_time_stay_in_the_chunk_of_the_op_before_them(view_emits):
+    """After an op whose output another group reads, group granularity starts a chunk at the next op that
+    takes time: an op of no time between them (a view: no FLOPs, no bytes) joins the emitter's chunk, which
+    ends when the view does. Group 0: x -> s -> a -> v (a view of a) -> b; group 1: c reads a, and v if
+    ``view_emits``. Cutting after every emitter gave [a], [v], [b] and [a], [v, b]."""
+    from tag.compiler.tables import compiler_tables
+
+    graph = graph_of(
+        [("x", ROLE_INPUT, CONCAT, True, 0.0, 4e6, 0.0), ("s", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0),
+         ("a", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0), ("v", ROLE_FORWARD, CONCAT, True, 0.0, 4e6, 0.0),
+         ("b", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0), ("c", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0)],
+        [(0, 1, 4e6), (1, 2, 4e6), (2, 3, 4e6), (3, 4, 4e6), (2, 5, 4e6)] + ([(3, 5, 4e6)] if view_emits else []))
+    assert op_time(graph, 3, gpu_type("v100-32gb")) == 0 < op_time(graph, 2, gpu_type("v100-32gb"))
+    cluster = make_cluster(1, [0])
+    gg = GroupGraph.from_assignment(graph, np.array([0, 0, 0, 0, 0, 1]), gpus=cluster)
+    units = compiler_tables(gg, cluster, gg.cost, "group").unit_ops
+    assert [ops.tolist() for ops in units] == [[1], [2, 3], [4], [5]]  # s alone: ready at 0 (reads only x)
+
+
 @pytest.fixture(scope="module")
 def bert_tiny():
     graph = resolve_model("bert-large", tiny=True)
