@@ -59,10 +59,10 @@ order of float sums), so what the tests prove of that path — agreement with th
 batch-row checker — holds for this one (tests/test_compiler.py).
 
 Cost (BERT-Large, 60 groups, tag-testbed's 16 GPUs, one core; ``scripts/bench_sim.py``): a strategy whose
-fragments are all cached costs the kernels alone, about 1.4–1.7 ms at group granularity (about 20 k tasks,
-35 k dependencies), 1.1–1.3 ms merged and 0.3–0.4 ms at part granularity; a real search's first evaluation
-of a strategy (17.6 new group fragments, 53.6 new pairs of them served by 20.7 new pair fragments, on
-average) about 2.7–3.4 ms at group granularity, a new model-parallel layout about 2.5 ms more (METIS and its
+fragments are all cached costs the kernels alone, about 1.1–1.2 ms at group granularity (about 13 k tasks,
+24 k dependencies), 0.8 ms merged and 0.3 ms at part granularity; a real search's first evaluation of a
+strategy (17.6 new group fragments, 53.6 new pairs of them served by 21.0 new pair fragments, on average)
+about 2.1–2.2 ms at group granularity, a new model-parallel layout about 1.5–2.5 ms more (METIS and its
 pieces, in Python, once per group and device-type sequence).
 Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not available here.
 """
