@@ -802,7 +802,10 @@ def test_fast_path_agrees_with_reference():
     ``merged`` granularity (group granularity's chunks run as one task per part, with lags).
 
     Group: 98.1 % agree within 3 % (85 % within 1 %, median 0.20 %, 95th percentile 2.2 %, max 4.5 %).
-    Merged: 95.7 % (79 % within 1 %, median 0.35 %, 95th percentile 2.6 %, max 8.3 %). The rest are
+    Merged: 95.7 % (79 % within 1 %, median 0.35 %, 95th percentile 2.6 %, max 8.3 %).
+    Peak memory on the reference's fullest device (what decides OOM): group within 5 % on all 207 (max 4.3 %;
+    before optimizer updates were chunked by time and views joined their emitter, 99.0 % and 13.2 %), merged
+    on 99.5 % (max 7.1 %); group's OOM verdict is the reference's on every strategy. The rest are
     list-scheduling anomalies of the FIFO queues, not modelling differences: every granularity does the same
     work on the same resources (same bytes per link, same collective and compute seconds), but a strict
     FIFO is discontinuous in ready times: when a transfer becomes ready a few milliseconds later (at op level
@@ -816,6 +819,7 @@ def test_fast_path_agrees_with_reference():
     tasks. Only op granularity removes them entirely.
     """
     errors = {"group": [], "merged": []}
+    peak_errors = {"group": [], "merged": []}  # peak memory on the reference's fullest device
     for m, model in enumerate(AGREEMENT_MODELS):
         graph = resolve_model(model)
         for c, name in enumerate(AGREEMENT_CLUSTERS):
@@ -825,9 +829,13 @@ def test_fast_path_agrees_with_reference():
                 strategy = random_strategy(gg.num_groups, cluster, seed=10000 * m + 1000 * c + k)
                 reference = simulate(compile_strategy(gg, strategy, cluster, granularity="op").taskgraph,
                                      feedback=False)
+                fullest = int(np.argmax(reference.peak_memory / reference.memory_capacity))
                 for granularity, found in errors.items():
                     fast = evaluate_strategy(gg, strategy, cluster, granularity=granularity, feedback=False)
                     found.append(fast.iteration_time / reference.iteration_time - 1)
+                    peak_errors[granularity].append(fast.peak_memory[fullest] / reference.peak_memory[fullest] - 1)
+                    if granularity == "group":
+                        assert fast.feasible == reference.feasible
     # (within 3 %, median, 95th percentile, max) bounds, a little above what each achieves
     bounds = {"group": (0.98, 0.0025, 0.025, 0.07), "merged": (0.95, 0.005, 0.035, 0.1)}
     for granularity, found in errors.items():
@@ -838,6 +846,11 @@ def test_fast_path_agrees_with_reference():
         assert np.median(found) <= median, granularity
         assert np.quantile(found, 0.95) <= p95, granularity
         assert found.max() <= worst, granularity
+    for granularity, (within, worst) in {"group": (0.99, 0.06), "merged": (0.98, 0.1)}.items():
+        found = np.abs(peak_errors[granularity])
+        close = (found <= 0.05).mean()
+        assert close >= within, f"{granularity}: peak memory within 5 % on only {close:.1%}"
+        assert found.max() <= worst, f"{granularity}: peak memory off by {found.max():.1%}"
 
 
 def test_arena_stores_queued_fragments_in_one_go():
