@@ -802,10 +802,7 @@ def test_fast_path_agrees_with_reference():
     ``merged`` granularity (group granularity's chunks run as one task per part, with lags).
 
     Group: 98.1 % agree within 3 % (85 % within 1 %, median 0.20 %, 95th percentile 2.2 %, max 4.5 %).
-    Merged: 95.7 % (79 % within 1 %, median 0.35 %, 95th percentile 2.6 %, max 8.3 %).
-    Peak memory on the reference's fullest device (what decides OOM): group within 5 % on all 207 (max 4.3 %;
-    before optimizer updates were chunked by time and views joined their emitter, 99.0 % and 13.2 %), merged
-    on 99.5 % (max 7.1 %); group's OOM verdict is the reference's on every strategy. The rest are
+    Merged: 95.7 % (79 % within 1 %, median 0.35 %, 95th percentile 2.6 %, max 8.3 %). The rest are
     list-scheduling anomalies of the FIFO queues, not modelling differences: every granularity does the same
     work on the same resources (same bytes per link, same collective and compute seconds), but a strict
     FIFO is discontinuous in ready times: when a transfer becomes ready a few milliseconds later (at op level
@@ -817,6 +814,10 @@ def test_fast_path_agrees_with_reference():
     tasks' chances to run between them, which moves more strategies by a little (the same worst cases, a
     wider middle); cutting merged tasks at 0.5 ms does not help, so it is the reordering itself, not long
     tasks. Only op granularity removes them entirely.
+
+    Peak memory on the reference's fullest device (what decides OOM): group within 5 % on all 207 (max 4.3 %;
+    before optimizer updates were chunked by time and views joined their emitter, 99.0 % and 13.2 %), merged
+    on 99.5 % (max 7.1 %); group's OOM verdict is the reference's on every strategy.
     """
     errors = {"group": [], "merged": []}
     peak_errors = {"group": [], "merged": []}  # peak memory on the reference's fullest device
