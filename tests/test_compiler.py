@@ -231,8 +231,8 @@ def test_updates_reading_their_parameters_are_cut_only_after_a_long_chunk(cap, m
     """Group granularity cuts a part before every op reading another group's tensor, except an optimizer op
     reading an input tensor of another group (its parameter): that one starts a chunk only once the chunk
     before it runs for OPTIMIZER_CHUNK_S. Parameters W1 and W2 live with the forward op f in group 0; the
-    gradients g1, g2 and the updates, in the order u1a, u1b (reads W1), u2a, u2b (reads W2), in group 1;
-    u1a is long, the other updates short."""
+    gradients g1, g2, a backward op h reading g1 and W1, and the updates, in the order u1a, u1b (reads W1),
+    u2a, u2b (reads W2), in group 1; u1a is long, the other updates short. h's read of W1 still cuts."""
     import tag.compiler.tables as tables_module
 
     row = (ROLE_OPTIMIZER, NONE, False)
@@ -241,9 +241,9 @@ def test_updates_reading_their_parameters_are_cut_only_after_a_long_chunk(cap, m
          ("x", ROLE_INPUT, CONCAT, True, 0.0, 4e6, 0.0), ("f", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0),
          ("g1", ROLE_BACKWARD, SUM, True, 1e9, 4e6, 0.0), ("g2", ROLE_BACKWARD, SUM, True, 1e9, 4e6, 0.0),
          ("u1a", *row, 1e12, 4e6, 0.0), ("u1b", *row, 1e6, 4e6, 0.0), ("u2a", *row, 1e6, 4e6, 0.0),
-         ("u2b", *row, 1e6, 4e6, 0.0)],
+         ("u2b", *row, 1e6, 4e6, 0.0), ("h", ROLE_BACKWARD, SUM, True, 1e9, 4e6, 0.0)],
         [(0, 3, 4e6), (1, 3, 4e6), (2, 3, 4e6), (3, 4, 4e6), (3, 5, 4e6), (4, 6, 4e6), (6, 7, 4e6), (0, 7, 4e6),
-         (5, 8, 4e6), (8, 9, 4e6), (1, 9, 4e6)])
+         (5, 8, 4e6), (8, 9, 4e6), (1, 9, 4e6), (4, 10, 4e6), (0, 10, 4e6)])
     v100 = gpu_type("v100-32gb")
     t = [op_time(graph, op, v100) for op in range(10)]
     assert t[6] > 100 * (t[7] + t[8])
@@ -255,31 +255,37 @@ def test_updates_reading_their_parameters_are_cut_only_after_a_long_chunk(cap, m
     }[cap]
     monkeypatch.setattr(tables_module, "OPTIMIZER_CHUNK_S", limit)
     cluster = make_cluster(1, [0])
-    gg = GroupGraph.from_assignment(graph, np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1]), gpus=cluster)
+    gg = GroupGraph.from_assignment(graph, np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1]), gpus=cluster)
     tables = tables_module.compiler_tables(gg, cluster, gg.cost, "group")
     units = [(int(role), ops.tolist()) for ops, role in zip(tables.unit_ops, tables.unit_role)]
     assert [ops for role, ops in units if role == ROLE_OPTIMIZER] == expected
-    assert [ops for role, ops in units if role == ROLE_BACKWARD] == [[4], [5]]  # other reads still cut
+    assert [ops for role, ops in units if role == ROLE_BACKWARD] == [[4], [5], [10]]  # other reads still cut
 
 
-@pytest.mark.parametrize("view_emits", [True, False])
-def test_ops_of_no_time_stay_in_the_chunk_of_the_op_before_them(view_emits):
+@pytest.mark.parametrize("case", ["view emits", "view does not emit", "view reads another group"])
+def test_ops_of_no_time_stay_in_the_chunk_of_the_op_before_them(case):
     """After an op whose output another group reads, group granularity starts a chunk at the next op that
     takes time: an op of no time between them (a view: no FLOPs, no bytes) joins the emitter's chunk, which
-    ends when the view does. Group 0: x -> s -> a -> v (a view of a) -> b; group 1: c reads a, and v if
-    ``view_emits``. Cutting after every emitter gave [a], [v], [b] and [a], [v, b]."""
+    ends when the view does. Group 0: x -> s -> a -> v (a view of a) -> b; group 1: c reads a, and v if the
+    view emits; group 2: x2 -> y, and v reads y if the view reads another group: then v starts a chunk for
+    that read, which b joins. Cutting after every emitter gave [a], [v], [b] or [a], [v, b]."""
     from tag.compiler.tables import compiler_tables
 
     graph = graph_of(
         [("x", ROLE_INPUT, CONCAT, True, 0.0, 4e6, 0.0), ("s", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0),
          ("a", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0), ("v", ROLE_FORWARD, CONCAT, True, 0.0, 4e6, 0.0),
-         ("b", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0), ("c", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0)],
-        [(0, 1, 4e6), (1, 2, 4e6), (2, 3, 4e6), (3, 4, 4e6), (2, 5, 4e6)] + ([(3, 5, 4e6)] if view_emits else []))
+         ("b", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0), ("c", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0),
+         ("y", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0), ("x2", ROLE_INPUT, CONCAT, True, 0.0, 4e6, 0.0)],
+        [(0, 1, 4e6), (1, 2, 4e6), (2, 3, 4e6), (3, 4, 4e6), (2, 5, 4e6), (7, 6, 4e6)]
+        + {"view emits": [(3, 5, 4e6)], "view does not emit": [], "view reads another group": [(6, 3, 4e6)]}[case])
     assert op_time(graph, 3, gpu_type("v100-32gb")) == 0 < op_time(graph, 2, gpu_type("v100-32gb"))
     cluster = make_cluster(1, [0])
-    gg = GroupGraph.from_assignment(graph, np.array([0, 0, 0, 0, 0, 1]), gpus=cluster)
-    units = compiler_tables(gg, cluster, gg.cost, "group").unit_ops
-    assert [ops.tolist() for ops in units] == [[1], [2, 3], [4], [5]]  # s alone: ready at 0 (reads only x)
+    gg = GroupGraph.from_assignment(graph, np.array([0, 0, 0, 0, 0, 1, 2, 2]), gpus=cluster)
+    units = [ops.tolist() for ops in compiler_tables(gg, cluster, gg.cost, "group").unit_ops]
+    if case == "view reads another group":  # group 2 comes first in the groups' topological order
+        assert units == [[6], [1], [2], [3, 4], [5]]
+    else:
+        assert units == [[1], [2, 3], [4], [5], [6]]  # s alone: ready at 0 (reads only x)
 
 
 @pytest.fixture(scope="module")
