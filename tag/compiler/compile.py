@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -600,11 +601,13 @@ class _Compiler:
                     else:
                         need_lo, need_hi = 0.0, 1.0
                     if p_split:
-                        for s, lo, hi in zip(holders, h_lo, h_hi):
-                            if lo >= need_hi:  # the holders' rows are in order: no later one overlaps
+                        # the holders' rows are in order (h_hi ascending): skip those ending by need_lo, stop at
+                        # the first starting at need_hi or later; no later one overlaps
+                        for j in range(bisect_right(h_hi, need_lo), len(holders)):
+                            lo = h_lo[j]
+                            if lo >= need_hi:
                                 break
-                            if hi <= need_lo:
-                                continue
+                            s, hi = holders[j], h_hi[j]
                             lo, hi = max(lo, need_lo), min(hi, need_hi)
                             if hi - lo <= _EMPTY:
                                 continue

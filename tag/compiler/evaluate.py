@@ -86,11 +86,11 @@ from tag.sim.result import SimulationResult, feedback_from_columns, result_from_
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
                                TASK_COMPUTE, TASK_TRANSFER)
 from tag.strategy import BATCH_SPLITS, OPTIONS, PS, Strategy, device_group_sizes
-from tag.compiler.compile import (ADAM_COPIES, _Compiler, collective_resources, ps_seconds,
+from tag.compiler.compile import (_EMPTY, ADAM_COPIES, _Compiler, collective_resources, ps_seconds,
                                   ring_allreduce_seconds)
 from tag.compiler.errors import CompileError
 from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout, unit_durations
-from tag.compiler.tables import GRANULARITIES, Bundle, CompilerTables, compiler_tables
+from tag.compiler.tables import DEMAND_SUM, GRANULARITIES, ROWS, SUMS, Bundle, CompilerTables, compiler_tables
 
 __all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
 
@@ -322,64 +322,98 @@ class _Arena(_Columns):
 
 
 class _Skeletons(_Columns):
-    """Bundle skeletons (``_Compiler._skeleton``) as arrays for :func:`_pair_fragments`. S skeletons, D devices."""
+    """Bundle skeletons (what ``_Compiler._skeleton`` makes: which device sends which fraction of which category
+    to which, which consumer devices read the producer's own copy, which categories a collective syncs) as
+    arrays for :func:`_pair_fragments`, made by :func:`_make_skeletons`. S skeletons, D devices.
+
+    A skeleton is keyed as ``_Compiler._skeleton`` keys it (the bundle's categories and producer device, the
+    layouts' rows, the consumer devices); :meth:`row` gives its row, queuing it when new, and :meth:`build`
+    makes the queued ones in one kernel call, in the order of their rows."""
 
     def __init__(self, num_devices: int) -> None:
         super().__init__({
             "first_transfer": (np.int64, "skeleton"), "transfers": (np.int64, "skeleton"),
             "src": (np.int64, "transfer"), "dst": (np.int64, "transfer"), "stage": (np.int64, "transfer"),
             "first_part": (np.int64, "transfer"), "parts": (np.int64, "transfer"),
-            "first_counted": (np.int64, "transfer"), "counted": (np.int64, "transfer"),
             "part_category": (np.int64, "part"), "part_fraction": (np.float64, "part"),
-            "counted_category": (np.int64, "counted"), "local": (np.bool_, "local"),
+            "local": (np.bool_, "local"),
         })
         self.num_devices = num_devices
-        self.ids: dict[int, tuple[Any, int]] = {}  # id(skeleton) -> (skeleton, its row); holds the skeleton alive
-        self._arrays: tuple | None = None  # the views :func:`_pair_fragments` reads, until the next append
+        self.rows: dict[tuple, int] = {}  # a skeleton's key -> its row (queued ones included)
+        # [S] per row: (holders, ((category, "allreduce" | "ps"), ...)) for the collective plans
+        self.info: list[tuple[tuple[int, ...], tuple]] = []
+        self.queue: list[tuple] = []  # what the new skeletons are made from, in row order (_make_skeletons' input)
+        self._arrays: tuple | None = None  # the views :func:`_pair_fragments` reads, until the next build
 
     def arrays(self) -> tuple:
-        """The 13 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
+        """The 10 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
         if self._arrays is None:
             self._arrays = tuple(self.view(name) for name in (
-                "first_transfer", "transfers", "src", "dst", "stage", "first_part", "parts", "first_counted",
-                "counted", "part_category", "part_fraction", "counted_category", "local"))
+                "first_transfer", "transfers", "src", "dst", "stage", "first_part", "parts", "part_category",
+                "part_fraction", "local"))
         return self._arrays
 
-    def ids_of(self, skeletons: list) -> np.ndarray:
-        """[S] row of each skeleton, the new ones appended in one go (a pair of layouts brings several)."""
-        ids = self.ids
-        found = [ids.get(id(skeleton)) for skeleton in skeletons]
-        new = list({id(sk): sk for sk, hit in zip(skeletons, found) if hit is None}.values())
-        if new:
-            self._append(new)
-            found = [ids[id(skeleton)] for skeleton in skeletons]
-        return np.array([row for _, row in found], dtype=np.int64)
+    def row(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout, pieces_first: int) -> int:
+        """The row of the skeleton of bundle ``b`` between these layouts (``pieces_first``: the first piece unit
+        of a model-parallel consumer), queued for :meth:`build` if new. Keyed as ``_Compiler._skeleton``: a
+        model-parallel consumer enters only through the devices of the pieces that read the bundle."""
+        if layout_c.model_parallel:
+            pieces = layout_c.pieces
+            targets = tuple(dict.fromkeys([pieces[u - pieces_first].device for u in b.consumer_units]))
+            consumer_key = None
+        else:
+            targets = layout_c.devices
+            consumer_key = layout_c.key[1:]
+        p_device = b.producer_device
+        key = (b.pclass, b.demand, p_device, layout_p.key[1:] if p_device < 0 else None, consumer_key, targets)
+        found = self.rows.get(key)
+        if found is None:
+            found = self.rows[key] = len(self.info) + len(self.queue)
+            if p_device >= 0:
+                holders, lo, hi, p_split = (p_device,), (0.0,), (1.0,), False
+            else:
+                holders, lo, hi, p_split = layout_p.devices, layout_p.lo, layout_p.hi, layout_p.split
+            self.queue.append((b.pclass, b.demand, holders, lo, hi, p_split, targets, layout_c.split,
+                               layout_c.devices, layout_c.lo, layout_c.hi, layout_c.option == PS))
+        return found
 
-    def _append(self, skeletons: list) -> None:
+    def build(self, beta: np.ndarray) -> None:
+        """Make the queued skeletons (:func:`_make_skeletons`, bandwidths ``beta`` [D, D]) and store them."""
+        queue = self.queue
+        if not queue:
+            return
+        self.queue = []
         self._arrays = None
+        columns = list(zip(*queue))
+
+        def ptr(j: int) -> np.ndarray:  # [S+1] CSR bounds of column j's tuples
+            out = np.zeros(len(queue) + 1, dtype=np.int64)
+            np.cumsum(np.fromiter(map(len, columns[j]), dtype=np.int64, count=len(queue)), out=out[1:])
+            return out
+
+        def flat(j: int, bounds: np.ndarray, dtype: type) -> np.ndarray:  # column j's tuples, one after another
+            return np.fromiter(chain.from_iterable(columns[j]), dtype=dtype, count=int(bounds[-1]))
+
+        cat_ptr, hold_ptr, target_ptr, c_ptr = ptr(0), ptr(2), ptr(6), ptr(8)
+        (transfers, src, dst, stage, parts, part_category, part_fraction, local, collective_ptr, collective_category,
+         collective_ps) = _make_skeletons(
+            cat_ptr, flat(0, cat_ptr, np.int64), flat(1, cat_ptr, np.int64), hold_ptr, flat(2, hold_ptr, np.int64),
+            flat(3, hold_ptr, np.float64), flat(4, hold_ptr, np.float64), np.array(columns[5], dtype=np.bool_),
+            target_ptr, flat(6, target_ptr, np.int64), np.array(columns[7], dtype=np.bool_), c_ptr,
+            flat(8, c_ptr, np.int64), flat(9, c_ptr, np.float64), flat(10, c_ptr, np.float64),
+            np.array(columns[11], dtype=np.bool_), beta, self.num_devices)
         size = self.size
-        transfers = [t for skeleton in skeletons for t in skeleton.transfers]
-        # a transfer: (src, dst, stage, contributions ((category, fraction), ...), counted categories, items)
-        src, dst, stage, contributions, counted = list(zip(*transfers))[:5] if transfers else ((),) * 5
-        num_transfers = np.array([len(skeleton.transfers) for skeleton in skeletons], dtype=np.int64)  # [S]
-        num_parts = np.fromiter(map(len, contributions), dtype=np.int64, count=len(transfers))  # [n]
-        num_counted = np.fromiter(map(len, counted), dtype=np.int64, count=len(transfers))  # [n]
-        parts = [part for c in contributions for part in c]
-        local = np.zeros((len(skeletons), self.num_devices), dtype=bool)  # [S, D]
-        for row, skeleton in zip(local, skeletons):
-            row[list(skeleton.local)] = True
-        rows = {
-            "first_transfer": size["transfer"] + np.cumsum(num_transfers) - num_transfers, "transfers": num_transfers,
-            "src": src, "dst": dst, "stage": stage,
-            "first_part": size["part"] + np.cumsum(num_parts) - num_parts, "parts": num_parts,
-            "first_counted": size["counted"] + np.cumsum(num_counted) - num_counted, "counted": num_counted,
-            "part_category": [k for k, _ in parts], "part_fraction": [f for _, f in parts],
-            "counted_category": [k for c in counted for k in c], "local": local.reshape(-1),
-        }
-        first = self.extend(rows, {"skeleton": len(skeletons), "transfer": len(transfers), "part": len(parts),
-                                   "counted": int(num_counted.sum()), "local": local.size})["skeleton"]
-        for k, skeleton in enumerate(skeletons):
-            self.ids[id(skeleton)] = (skeleton, first + k)
+        n, total_parts = src.size, part_category.size
+        self.extend({"first_transfer": size["transfer"] + np.cumsum(transfers) - transfers, "transfers": transfers,
+                     "src": src, "dst": dst, "stage": stage,
+                     "first_part": size["part"] + np.cumsum(parts) - parts, "parts": parts,
+                     "part_category": part_category, "part_fraction": part_fraction, "local": local},
+                    {"skeleton": len(queue), "transfer": n, "part": total_parts, "local": local.size})
+        ops = np.where(collective_ps, "ps", "allreduce").tolist()
+        categories = collective_category.tolist()
+        bounds = collective_ptr.tolist()
+        for i, holders in enumerate(columns[2]):
+            self.info.append((holders, tuple(zip(categories[bounds[i]:bounds[i + 1]], ops[bounds[i]:bounds[i + 1]]))))
 
 
 class _PairBundles(NamedTuple):
@@ -584,7 +618,7 @@ class StrategyEvaluator:
                 units = int(self._unit_ptr[g + 1] - self._unit_ptr[g])
                 self._local_dep[begin:begin + src.size] = ~_implied_edges(units, src, dst)
         self._persistent = ADAM_COPIES * np.asarray(self.tables.group_param_bytes, dtype=np.float64)  # [G]
-        self._skeleton_compiler = self._compiler()  # makes the pairs' bundles and skeletons (_pair_skeletons)
+        self._skeleton_compiler = self._compiler()  # makes model-parallel pairs' bundles (_static_bundles)
         self._kind_sets: dict[tuple, int] = {}  # the kinds of a pair's bundles, in order -> an id (_bundle_arrays)
         # templates of pair fragments (_new_pair_fragments): ids of layout rows and of pair classes
         self._row_ids: dict[tuple, int] = {}  # a layout's key less its group -> its row id (_row_of)
@@ -606,6 +640,7 @@ class StrategyEvaluator:
         self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
         self._skeletons = _Skeletons(self.cluster.num_devices)
         self._skeleton_lists: dict[tuple, list] = {}  # (kind set, P's row, C's row) -> _pair_skeletons' list
+        self._new_lists: list[list] = []  # lists made since the last _store_new_lists
         # each skeleton list's rows in the skeleton store, one list after another (a list keeps its first)
         self._list_rows = _Columns({"row": (np.int64, "row")})
         self._pair_static: dict[tuple[int, int], _PairBundles] = {}  # replicated pairs' bundles (in the store)
@@ -765,14 +800,7 @@ class StrategyEvaluator:
         built_p, built_c = fragments_p[build], fragments_c[build]
         self._prepare_dynamic_bundles(built_p, built_c)
         prepared = [self._pair_skeletons(p, c) for p, c in zip(built_p.tolist(), built_c.tolist())]
-        # skeleton lists not stored yet (pairs of repeated layers share one)
-        new = list({id(found): found for _, found in prepared if found[1] is None}.values())
-        if new:  # stored in one go
-            rows = self._skeletons.ids_of([skeleton for skeletons, _, _ in new for skeleton in skeletons])
-            start = self._list_rows.extend({"row": rows}, {"row": rows.size})["row"]
-            for found in new:
-                found[1] = start
-                start += len(found[0])
+        self._store_new_lists()  # skeleton lists not stored yet (pairs of repeated layers share one)
         out[build] = self._compile_pairs(built_p, built_c, prepared)
         if leaders is not None:
             out[missed] = out[leaders][inverse]
@@ -1004,9 +1032,10 @@ class StrategyEvaluator:
             np.array(held, dtype=np.int64), self._alpha, self._beta, self._nic_out, self._nic_in, self._link_base)
         self._block_of.extend([None] * fragment_p.size)
         if not self._merging:  # stored at once: the kernel makes no dependency of a task on itself
+            # contiguous columns: a strided one (M > 1) and a contiguous one (M = 1) are two numba signatures
             first = self._arena.store_many((duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes,
-                                            tensor_producer, read_tensor, read_task), blocks, counts[:, 5],
-                                           np.ascontiguousarray(counts[:, :5]))
+                                            tensor_producer, read_tensor, read_task), blocks,
+                                           np.ascontiguousarray(counts[:, 5]), np.ascontiguousarray(counts[:, :5]))
             return list(range(first, first + fragment_p.size))
         rows = {"duration": duration, "kind": kind, "nres": nres, "res": res, "dep_task": dep_task, "dep_on": dep_on,
                 "tensor_device": tensor_device, "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
@@ -1046,43 +1075,60 @@ class StrategyEvaluator:
                 holders.extend(devices)
                 holder_ptr.append(len(holders))
 
-    def _collective_plans(self, skeletons: list) -> list | None:
-        """Per skeleton, what its bundles' collectives take whatever their bytes: (devices, resources
+    def _collective_plans(self, rows: list[int]) -> list | None:
+        """Per skeleton (its row), what its bundles' collectives take whatever their bytes: (devices, resources
         (:func:`~tag.compiler.compile.collective_resources`), its (category, op) list, the ring's (bandwidth,
         latency) if it has all-reduces, each device's (latency, inverse bandwidth) as a parameter server if it
         has PS syncs); None for a skeleton without collectives, and None for a list without any."""
-        if not any(skeleton.collectives for skeleton in skeletons):
+        info = self._skeletons.info
+        if not any(info[row][1] for row in rows):
             return None
         context = self.context
         plans = []
-        for skeleton in skeletons:
-            devices = skeleton.holders
-            if not skeleton.collectives:
+        for row in rows:
+            devices, collectives = info[row]
+            if not collectives:
                 plans.append(None)
                 continue
-            ops = {op for _, op in skeleton.collectives}
+            ops = {op for _, op in collectives}
             ring = context.ring(devices) if "allreduce" in ops else None
             servers = [context.server(devices, ps) for ps in devices] if ops - {"allreduce"} else None
-            plans.append((devices, collective_resources(context, devices), skeleton.collectives, ring, servers))
+            plans.append((devices, collective_resources(context, devices), collectives, ring, servers))
         return plans
 
     def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[_PairBundles, list]:
         """What a pair fragment is made from: the bundles as arrays (:meth:`_bundle_arrays`) and the skeleton
-        of each kind of bundle, as [skeletons, the first of their rows in the list store (None until
-        stored), their collective plans (:meth:`_collective_plans`)]. One compiler, given the pair's two
-        layouts, makes the skeletons (its caches are the context's). A skeleton depends on a bundle only
-        through its kind, so pairs with the same kinds of bundles (repeated layers) between layouts of the
-        same rows share the list."""
+        of each kind of bundle, as [their rows in the skeleton store, the first of them in the list store (None
+        until stored), their collective plans (:meth:`_collective_plans`; made when the skeletons are)]. A
+        skeleton depends on a bundle only through its kind, so pairs with the same kinds of bundles (repeated
+        layers) between layouts of the same rows share the list. New lists are kept in ``self._new_lists``
+        and new skeletons queued in the store (:meth:`_Skeletons.row`) for :meth:`_store_new_lists`."""
         layout_p, layout_c = self._block_of[fragment_p].layout, self._block_of[fragment_c].layout
         static = self._static_bundles((layout_p.group, layout_c.group), layout_p, layout_c)
         key = (static.kind_set, layout_p.key[1:], layout_c.key[1:])
         found = self._skeleton_lists.get(key)
         if found is None:
-            compiler = self._skeleton_compiler
-            compiler.layouts = {layout_p.group: layout_p, layout_c.group: layout_c}
-            skeletons = [compiler._skeleton(b, layout_p, layout_c) for b in static.representatives]
-            found = self._skeleton_lists[key] = [skeletons, None, self._collective_plans(skeletons)]
+            first_piece = self.tables.piece_unit(layout_c.group, 0) if layout_c.model_parallel else 0
+            row = self._skeletons.row
+            found = self._skeleton_lists[key] = [[row(b, layout_p, layout_c, first_piece)
+                                                  for b in static.representatives], None, None]
+            self._new_lists.append(found)
         return static, found
+
+    def _store_new_lists(self) -> None:
+        """Make the queued skeletons, then store the new lists' rows in one go and give them their
+        collective plans."""
+        new = self._new_lists
+        if not new:
+            return
+        self._new_lists = []
+        self._skeletons.build(self._beta)
+        rows = np.fromiter(chain.from_iterable(found[0] for found in new), dtype=np.int64)
+        start = self._list_rows.extend({"row": rows}, {"row": rows.size})["row"]
+        for found in new:
+            found[1] = start
+            start += len(found[0])
+            found[2] = self._collective_plans(found[0])
 
     def _prepare_dynamic_bundles(self, fragments_p: np.ndarray, fragments_c: np.ndarray) -> None:
         """Make the bundles of the pairs of group fragments (``fragments_p`` [M], ``fragments_c`` [M]) with a
@@ -1632,7 +1678,7 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
 def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_kind, bundle_category,
                     consumer_first, consumer_end, category_bytes, category_count, bundle_consumer, list_rows,
                     sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts,
-                    tr_first_counted, tr_counted, part_category, part_fraction, counted_category, sk_local,
+                    part_category, part_fraction, sk_local,
                     num_devices, fragment_p, fragment_c, block_replicas, block_mp, block_row, block_index,
                     block_device0, block_unit0, block_device, block_tensor_first, c_shift, first_task, first_tensor,
                     pair_collective_ptr, collective_bundle, holder_ptr, holders, collective_duration,
@@ -1722,9 +1768,9 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
                 nbytes = category_bytes[c0 + part_category[k]] * part_fraction[k]
                 for k in range(tr_first_part[i] + 1, tr_first_part[i] + tr_parts[i]):
                     nbytes += category_bytes[c0 + part_category[k]] * part_fraction[k]
-                count = 0
-                for k in range(tr_first_counted[i], tr_first_counted[i] + tr_counted[i]):
-                    count += category_count[c0 + counted_category[k]]
+                count = 0  # a message per tensor of each category counted (the parts')
+                for k in range(tr_first_part[i], tr_first_part[i] + tr_parts[i]):
+                    count += category_count[c0 + part_category[k]]
                 duration[t] = count * alpha[src, dst] + nbytes / beta[src, dst] if nbytes > 0 else 0.0
                 kind[t] = TASK_TRANSFER
                 nres[t] = 1
@@ -1822,6 +1868,229 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
         counts[m, 4] = q - q_pair
     return (duration, kind, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device,
             tensor_bytes, tensor_producer, read_tensor[:q].copy(), read_task[:q].copy(), counts)
+
+
+@jit
+def _make_skeletons(cat_ptr, cat_class, cat_demand, hold_ptr, hold_device, hold_lo, hold_hi, p_split, target_ptr,
+                    target_device, c_split, c_ptr, c_device, c_lo, c_hi, c_ps, beta, num_devices):
+    """The skeletons ``_Compiler._make_skeleton`` makes, for S bundles between pairs of layouts, its rules and
+    float operations in its order: skeleton s has the categories (class, demand) ``cat_ptr[s]:cat_ptr[s + 1]``,
+    the producer's holders (devices, rows lo and hi in order) ``hold_ptr[s]:...``, split by rows if
+    ``p_split[s]``; the consumer devices (targets) ``target_ptr[s]:...``; the consumer layout's devices with
+    their rows ``c_ptr[s]:...``, split by rows if ``c_split[s]``, synced by PS if ``c_ps[s]``; ``beta`` [D, D]
+    the bandwidths that choose a whole copy's source. Returns (transfers [S]; per transfer, one skeleton after
+    another, src, dst, stage and parts; per part (a contribution: category index, fraction of its bytes; a
+    transfer's counted categories are its parts') part_category, part_fraction; local [S * D] (the consumer
+    devices reading the producer's own copy); collective_ptr [S+1], and per collective its category and
+    whether it is a PS sync). Transfers come in the order of their first contribution, stage 1 before stage 2
+    (AddN forwards), each one's parts in the order made."""
+    num = p_split.size
+    d = num_devices
+    bound = 0  # contributions of one skeleton at most, and of all of them
+    largest = 1
+    for s in range(num):
+        h = hold_ptr[s + 1] - hold_ptr[s]
+        t = target_ptr[s + 1] - target_ptr[s]
+        size = (cat_ptr[s + 1] - cat_ptr[s]) * (t * h + h + t)
+        bound += size
+        largest = max(largest, size)
+    transfers = np.zeros(num, dtype=np.int64)
+    src = np.empty(bound, dtype=np.int64)
+    dst = np.empty(bound, dtype=np.int64)
+    stage = np.empty(bound, dtype=np.int64)
+    parts = np.empty(bound, dtype=np.int64)
+    part_category = np.empty(bound, dtype=np.int64)
+    part_fraction = np.empty(bound)
+    local = np.zeros(num * d, dtype=np.bool_)
+    collective_ptr = np.zeros(num + 1, dtype=np.int64)
+    collective_category = np.empty(cat_ptr[num], dtype=np.int64)
+    collective_ps = np.empty(cat_ptr[num], dtype=np.bool_)
+    slot = np.full(2 * d * d, -1, dtype=np.int64)  # (stage, src, dst) -> its transfer in this skeleton, -1
+    held = np.zeros(d, dtype=np.bool_)  # the devices holding the producer's copy
+    c_index = np.full(d, -1, dtype=np.int64)  # the consumer layout's index of each of its devices
+    # this skeleton's contributions in the order made (transfer, category, fraction) and its transfers
+    made = np.empty(largest, dtype=np.int64)
+    made_category = np.empty(largest, dtype=np.int64)
+    made_fraction = np.empty(largest)
+    entry_src = np.empty(largest, dtype=np.int64)
+    entry_dst = np.empty(largest, dtype=np.int64)
+    entry_stage = np.empty(largest, dtype=np.int64)
+    entry_parts = np.empty(largest, dtype=np.int64)
+    entry_at = np.empty(largest, dtype=np.int64)
+    n_out = 0  # transfers written
+    n_parts = 0  # parts written
+    n_coll = 0
+    for s in range(num):
+        h0, h1 = hold_ptr[s], hold_ptr[s + 1]
+        t0, t1 = target_ptr[s], target_ptr[s + 1]
+        c0, c1 = c_ptr[s], c_ptr[s + 1]
+        row = s * d
+        for j in range(h0, h1):
+            held[hold_device[j]] = True
+        for j in range(c0, c1):
+            c_index[c_device[j]] = j
+        same_devices = c1 - c0 == h1 - h0  # the consumer layout's devices are the holders, in order
+        for j in range(c1 - c0):
+            if same_devices and c_device[c0 + j] != hold_device[h0 + j]:
+                same_devices = False
+        same_rows = p_split[s] and c_split[s] and same_devices  # ... with the same rows
+        for j in range(c1 - c0):
+            if same_rows and c_lo[c0 + j] != hold_lo[h0 + j]:
+                same_rows = False
+        entries = 0
+        n_made = 0
+        for kk in range(cat_ptr[s], cat_ptr[s + 1]):
+            k = kk - cat_ptr[s]
+            pclass, demand = cat_class[kk], cat_demand[kk]
+            if pclass == ROWS:
+                if same_rows and demand <= 1:
+                    for j in range(t0, t1):
+                        local[row + target_device[j]] = True
+                    continue
+                for ti in range(t0, t1):
+                    e = target_device[ti]
+                    if c_split[s] and demand <= 1:
+                        need_lo, need_hi = c_lo[c_index[e]], c_hi[c_index[e]]
+                    else:
+                        need_lo, need_hi = 0.0, 1.0
+                    if p_split[s]:
+                        # the holders' rows are in order: from the first ending after need_lo, until one starts
+                        # at need_hi or later
+                        j = h0
+                        while j < h1 and hold_hi[j] <= need_lo:
+                            j += 1
+                        while j < h1 and hold_lo[j] < need_hi:
+                            lo, hi = max(hold_lo[j], need_lo), min(hold_hi[j], need_hi)
+                            if hi - lo > _EMPTY:
+                                if hold_device[j] == e:
+                                    local[row + e] = True
+                                else:
+                                    entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries,
+                                                                  made, made_category, made_fraction, n_made,
+                                                                  hold_device[j], e, 1, k, hi - lo)
+                            j += 1
+                    elif held[e]:
+                        local[row + e] = True
+                    else:
+                        source = _source(hold_device, h0, h1, e, ti - t0, beta)
+                        entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made,
+                                                      made_category, made_fraction, n_made, source, e, 1, k,
+                                                      need_hi - need_lo)
+            elif pclass == SUMS and p_split[s]:
+                if demand == DEMAND_SUM and c_split[s]:
+                    if same_devices:
+                        for j in range(t0, t1):
+                            local[row + target_device[j]] = True
+                        continue
+                    root = c_device[c0]
+                elif t1 - t0 == h1 - h0 and _all_held(held, target_device, t0, t1):  # the same device sets
+                    collective_category[n_coll] = k
+                    collective_ps[n_coll] = c_ps[s]
+                    n_coll += 1
+                    continue
+                else:
+                    root = target_device[t0]
+                    for j in range(t0, t1):
+                        if held[target_device[j]]:
+                            root = target_device[j]
+                            break
+                for j in range(h0, h1):  # every partial to the root, whose own stays
+                    if hold_device[j] == root:
+                        local[row + root] = True
+                    else:
+                        entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made,
+                                                      made_category, made_fraction, n_made, hold_device[j], root,
+                                                      1, k, 1.0)
+                if not (demand == DEMAND_SUM and c_split[s]):  # the sum on from the root
+                    for j in range(t0, t1):
+                        if target_device[j] != root:
+                            entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made,
+                                                          made_category, made_fraction, n_made, root,
+                                                          target_device[j], 2, k, 1.0)
+            else:  # a whole tensor on every holder
+                for ti in range(t0, t1):
+                    e = target_device[ti]
+                    if held[e]:
+                        local[row + e] = True
+                    else:
+                        source = _source(hold_device, h0, h1, e, ti - t0, beta)
+                        entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made,
+                                                      made_category, made_fraction, n_made, source, e, 1, k, 1.0)
+        collective_ptr[s + 1] = n_coll
+        # transfers in order of first contribution, stage 1 then stage 2 (a stable order); each one's parts
+        for i in range(entries):
+            entry_parts[i] = 0
+            slot[(entry_stage[i] - 1) * d * d + entry_src[i] * d + entry_dst[i]] = -1
+        for i in range(n_made):
+            entry_parts[made[i]] += 1
+        at = n_parts
+        for wanted in range(1, 3):
+            for i in range(entries):
+                if entry_stage[i] == wanted:
+                    entry_at[i] = at
+                    at += entry_parts[i]
+                    src[n_out], dst[n_out], stage[n_out] = entry_src[i], entry_dst[i], wanted
+                    parts[n_out] = entry_parts[i]
+                    n_out += 1
+        for i in range(n_made):
+            part_category[entry_at[made[i]]] = made_category[i]
+            part_fraction[entry_at[made[i]]] = made_fraction[i]
+            entry_at[made[i]] += 1
+        n_parts = at
+        transfers[s] = entries
+        for j in range(h0, h1):
+            held[hold_device[j]] = False
+        for j in range(c0, c1):
+            c_index[c_device[j]] = -1
+    return (transfers, src[:n_out].copy(), dst[:n_out].copy(), stage[:n_out].copy(), parts[:n_out].copy(),
+            part_category[:n_parts].copy(), part_fraction[:n_parts].copy(), local, collective_ptr,
+            collective_category[:n_coll].copy(), collective_ps[:n_coll].copy())
+
+
+@jit
+def _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made, made_category, made_fraction, n_made,
+                s, e, stage, k, fraction):
+    """Category ``k`` sends ``fraction`` of its bytes (and one message per tensor) from ``s`` to ``e`` at
+    ``stage``: a contribution to that transfer, made new if need be (``_pend``); returns (entries, n_made)."""
+    key = (stage - 1) * d * d + s * d + e
+    entry = slot[key]
+    if entry < 0:
+        entry = slot[key] = entries
+        entry_src[entry], entry_dst[entry], entry_stage[entry] = s, e, stage
+        entries += 1
+    made[n_made], made_category[n_made], made_fraction[n_made] = entry, k, fraction
+    return entries, n_made + 1
+
+
+@jit
+def _source(hold_device, h0, h1, e, position, beta):
+    """The holder sending a whole copy to ``e`` (``_Compiler._source``): best bandwidth, ties (within 1e-9)
+    rotating over the consumer devices by ``e``'s ``position`` among them."""
+    if h1 - h0 == 1:
+        return hold_device[h0]
+    best = beta[hold_device[h0], e]
+    for j in range(h0 + 1, h1):
+        if beta[hold_device[j], e] > best:
+            best = beta[hold_device[j], e]
+    tied = 0
+    for j in range(h0, h1):
+        if beta[hold_device[j], e] >= best * (1 - 1e-9):
+            tied += 1
+    pick = position % tied
+    for j in range(h0, h1):
+        if beta[hold_device[j], e] >= best * (1 - 1e-9):
+            if pick == 0:
+                return hold_device[j]
+            pick -= 1
+    return -1
+
+
+@jit
+def _all_held(held, target_device, t0, t1):
+    for j in range(t0, t1):
+        if not held[target_device[j]]:
+            return False
+    return True
 
 
 @jit
