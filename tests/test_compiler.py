@@ -1093,6 +1093,104 @@ def test_mixed_and_overflowing_templates_still_build_every_pair(bert_tiny, monke
         assert evaluator._templates and (bits > 3 or len(evaluator._row_ids) <= 8 and len(evaluator._class_ids) <= 8)
 
 
+def _stored_skeletons(store) -> list[tuple]:
+    """Every row of a skeleton store (``_Skeletons``) read back as ``_Compiler._make_skeleton`` gives it:
+    (transfers as (src, dst, stage, ((category, fraction), ...)), local devices, holders, collectives)."""
+    column = {name: store.view(name).tolist() for name in store.specs}
+    d = store.num_devices
+    skeletons = []
+    for row, (holders, collectives) in enumerate(store.info):
+        transfers = []
+        first = column["first_transfer"][row]
+        for t in range(first, first + column["transfers"][row]):
+            parts = range(column["first_part"][t], column["first_part"][t] + column["parts"][t])
+            contributions = tuple((column["part_category"][i], column["part_fraction"][i]) for i in parts)
+            transfers.append((column["src"][t], column["dst"][t], column["stage"][t], contributions))
+        local = frozenset(e for e in range(d) if column["local"][row * d + e])
+        skeletons.append((tuple(transfers), local, tuple(holders), collectives))
+    return skeletons
+
+
+def _count_skeleton_branches(hits: dict, b, layout_p, layout_c, skeleton, beta) -> None:
+    """Add to ``hits`` the rules of ``_Compiler._make_skeleton`` that bundle ``b`` took between these layouts
+    (``skeleton``: what it made; ``beta`` [D][D] the bandwidths that choose a whole copy's source)."""
+    from tag.compiler.compile import _EMPTY
+    from tag.compiler.tables import DEMAND_SUM, ROWS
+
+    p_split = b.producer_device < 0 and layout_p.split
+    rows = p_split and ROWS in b.pclass
+    same_devices = layout_c.split and layout_c.devices == layout_p.devices
+    overlaps = [min(hi, need_hi) - max(lo, need_lo) for lo, hi in zip(layout_p.lo, layout_p.hi)
+                for need_lo, need_hi in zip(layout_c.lo, layout_c.hi)] if rows and not same_devices else []
+    hits["same devices, other rows"] += rows and same_devices and layout_c.lo != layout_p.lo
+    hits["sliver overlap skipped"] += any(0 < overlap < _EMPTY for overlap in overlaps)
+    hits["overlap of exactly _EMPTY"] += _EMPTY in overlaps
+    hits["model-parallel producer"] += b.producer_device >= 0 and bool(skeleton.transfers)
+    hits["model-parallel consumer"] += layout_c.model_parallel and bool(skeleton.transfers)
+    for _, op in skeleton.collectives:
+        hits[op] += 1
+    for s, e, stage, _, _, items in skeleton.transfers:
+        hits["sums forwarded (stage 2)"] += stage == 2
+        for kind, k, *_ in items:
+            hits["rows between split layouts"] += kind == "rows" and p_split and layout_c.split
+            hits["partials to a root"] += kind == "partial"
+            hits["partials to C's first device"] += (kind == "partial" and layout_c.split
+                                                     and b.demand[k] == DEMAND_SUM and e == layout_c.devices[0])
+            if kind == "full" or kind == "rows" and not p_split:  # a whole copy: not the first best holder
+                best = max(beta[h][e] for h in skeleton.holders)
+                first_best = next(h for h in skeleton.holders if beta[h][e] >= best * (1 - 1e-9))
+                hits["tied sources rotated"] += s != first_best
+
+
+def test_skeleton_kernel_makes_the_compilers_skeletons():
+    """The evaluator's compiled kernel (``_Skeletons.row`` then ``build``) makes the bundle skeletons
+    ``_Compiler._make_skeleton`` makes, exactly (fractions bit for bit, transfers and their contributions in
+    its order), for every bundle of every pair of groups under 10 seeded random strategies (all four options,
+    both batch splits) of 3 tiny models on 3 clusters (two of them several machines). Strategies 0 and 1 come
+    again with the first replica of most split layouts (all but every third group's) cut to rows [0, _EMPTY):
+    an overlap of exactly the threshold moves nothing, and layouts on the same devices hold other rows. Every
+    rule is hit (:func:`_count_skeleton_branches`), so the check cannot pass on trivial cases."""
+    from tag.compiler.compile import _EMPTY
+    from tag.compiler.evaluate import _Skeletons
+    from tag.compiler.layout import group_layout
+
+    hits = dict.fromkeys(["rows between split layouts", "same devices, other rows", "sliver overlap skipped",
+                          "overlap of exactly _EMPTY", "tied sources rotated", "partials to a root",
+                          "sums forwarded (stage 2)", "partials to C's first device", "allreduce", "ps",
+                          "model-parallel producer", "model-parallel consumer"], 0)
+    for model, cluster_name in [("bert-large", "tag-testbed"), ("dlrm", "tag-cloud"), ("vgg19", "two-level")]:
+        cluster = resolve_cluster(cluster_name)
+        gg = group_ops(resolve_model(model, tiny=True), num_groups=20, gpus=cluster)
+        evaluator = StrategyEvaluator(gg, cluster)
+        tables, context = evaluator.tables, evaluator.context
+        compiler, store, cases = evaluator._compiler(), _Skeletons(cluster.num_devices), []
+        for seed in range(10):
+            strategy = random_strategy(gg.num_groups, cluster, seed=seed % 8, batch_split=("even", "speed")[seed % 2])
+            layouts = [group_layout(tables, context, strategy, g) for g in range(gg.num_groups)]
+            if seed >= 8:
+                layouts = [layout._replace(lo=(0.0, _EMPTY) + layout.lo[2:], hi=(_EMPTY,) + layout.hi[1:],
+                                           key=layout.key + ("cut",)) if layout.split and g % 3 else layout
+                           for g, layout in enumerate(layouts)]
+            compiler.layouts = layouts  # read for the records' op names
+            for p, c in tables.pair_uses:
+                layout_p, layout_c = layouts[p], layouts[c]
+                first_piece = tables.piece_unit(c, 0) if layout_c.model_parallel else 0
+                for b in evaluator._static_bundles((p, c), layout_p, layout_c).bundles:
+                    targets = (dict.fromkeys(layout_c.pieces[u - first_piece].device for u in b.consumer_units)
+                               if layout_c.model_parallel else layout_c.devices)
+                    cases.append((store.row(b, layout_p, layout_c, first_piece), b, layout_p, layout_c,
+                                  compiler._make_skeleton(b, layout_p, layout_c, list(targets))))
+        store.build(evaluator._beta)
+        stored = _stored_skeletons(store)
+        for row, b, layout_p, layout_c, expected in cases:
+            assert stored[row] == (tuple(transfer[:4] for transfer in expected.transfers), expected.local,
+                                   expected.holders, expected.collectives)
+            assert all(counted == tuple(k for k, _ in contributions)
+                       for *_, contributions, counted, _ in expected.transfers)
+            _count_skeleton_branches(hits, b, layout_p, layout_c, expected, context.beta)
+    assert all(hits.values()), hits
+
+
 def test_evaluator_columns_keep_their_rows_as_they_grow():
     """The evaluator's column store grows its arrays past 1024 rows; every row written stays readable,
     in order, through the growths, per table."""
