@@ -132,6 +132,9 @@ _PAIR_COLUMNS = {"task": ("duration", "kind", "nres"), "res": ("res",), "dep": (
 # one template share one fragment): fragments hold no group column.
 _FIRST_COLUMN = {"task": "duration", "res": "res", "dep": "dep_task", "tensor": "tensor_device",
                  "read": "read_tensor"}  # a column of each table every fragment gives as a list or an array
+_ARENA_COLUMNS = ("duration", "kind", "nres", "res", "dep_task", "dep_on", "dep_lag", "tensor_device", "tensor_bytes",
+                  "tensor_producer", "alloc_lag", "free_lag", "tensor_persistent", "read_tensor", "read_task",
+                  "read_lag")  # what _assemble reads of the arena, in its order
 
 
 class _Columns:
@@ -141,6 +144,7 @@ class _Columns:
         self.specs = specs  # column -> (dtype, table)
         self.size = dict.fromkeys(sorted({table for _, table in specs.values()}), 0)  # table -> rows
         self.columns = {name: np.zeros(capacity, dtype=dtype) for name, (dtype, _) in specs.items()}
+        self._views: dict[tuple[str, ...], tuple] = {}  # names -> their views (views()), until the next append
 
     def extend(self, rows: dict[str, Any], counts: dict[str, int]) -> dict[str, int]:
         """Append ``counts[table]`` rows to every table (``rows[column]``: its new values; a column absent
@@ -160,10 +164,18 @@ class _Columns:
                 column[start:start + count] = values
         for table, count in counts.items():
             self.size[table] += count
+        self._views.clear()
         return first
 
     def view(self, name: str) -> np.ndarray:
         return self.columns[name][:self.size[self.specs[name][1]]]
+
+    def views(self, names: tuple[str, ...]) -> tuple:
+        """The views of the rows in use of the columns ``names``, kept until the next append."""
+        found = self._views.get(names)
+        if found is None:
+            found = self._views[names] = tuple(self.view(name) for name in names)
+        return found
 
 
 class _Arena(_Columns):
@@ -342,16 +354,13 @@ class _Skeletons(_Columns):
         self.rows: dict[tuple, int] = {}  # a skeleton's key -> its row (queued ones included)
         # [S] per row: (holders, ((category, "allreduce" | "ps"), ...)) for the collective plans
         self.info: list[tuple[tuple[int, ...], tuple]] = []
-        self.queue: list[tuple] = []  # what the new skeletons are made from, in row order (_make_skeletons' input)
-        self._arrays: tuple | None = None  # the views :func:`_pair_fragments` reads, until the next build
+        self.queue = _skeleton_queue()  # what the new skeletons are made from, in row order (_make_skeletons' input)
+        self.queued: list[tuple[int, ...]] = []  # the holders of each queued skeleton
 
     def arrays(self) -> tuple:
         """The 10 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
-        if self._arrays is None:
-            self._arrays = tuple(self.view(name) for name in (
-                "first_transfer", "transfers", "src", "dst", "stage", "first_part", "parts", "part_category",
-                "part_fraction", "local"))
-        return self._arrays
+        return self.views(("first_transfer", "transfers", "src", "dst", "stage", "first_part", "parts",
+                           "part_category", "part_fraction", "local"))
 
     def row(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout, pieces_first: int) -> int:
         """The row of the skeleton of bundle ``b`` between these layouts (``pieces_first``: the first piece unit
@@ -368,52 +377,80 @@ class _Skeletons(_Columns):
         key = (b.pclass, b.demand, p_device, layout_p.key[1:] if p_device < 0 else None, consumer_key, targets)
         found = self.rows.get(key)
         if found is None:
-            found = self.rows[key] = len(self.info) + len(self.queue)
+            found = self.rows[key] = len(self.info) + len(self.queued)
             if p_device >= 0:
                 holders, lo, hi, p_split = (p_device,), (0.0,), (1.0,), False
             else:
                 holders, lo, hi, p_split = layout_p.devices, layout_p.lo, layout_p.hi, layout_p.split
-            self.queue.append((b.pclass, b.demand, holders, lo, hi, p_split, targets, layout_c.split,
-                               layout_c.devices, layout_c.lo, layout_c.hi, layout_c.option == PS))
+            q = self.queue
+            q["cat_class"] += b.pclass
+            q["cat_demand"] += b.demand
+            q["categories"].append(len(b.pclass))
+            q["hold_device"] += holders
+            q["hold_lo"] += lo
+            q["hold_hi"] += hi
+            q["holders"].append(len(holders))
+            q["p_split"].append(p_split)
+            q["target_device"] += targets
+            q["targets"].append(len(targets))
+            q["c_split"].append(layout_c.split)
+            q["c_device"] += layout_c.devices
+            q["c_lo"] += layout_c.lo
+            q["c_hi"] += layout_c.hi
+            q["c_devices"].append(len(layout_c.devices))
+            q["c_ps"].append(layout_c.option == PS)
+            self.queued.append(holders)
         return found
 
     def build(self, beta: np.ndarray) -> None:
         """Make the queued skeletons (:func:`_make_skeletons`, bandwidths ``beta`` [D, D]) and store them."""
-        queue = self.queue
-        if not queue:
+        queued = self.queued
+        if not queued:
             return
-        self.queue = []
-        self._arrays = None
-        columns = list(zip(*queue))
+        q, self.queue, self.queued = self.queue, _skeleton_queue(), []
 
-        def ptr(j: int) -> np.ndarray:  # [S+1] CSR bounds of column j's tuples
-            out = np.zeros(len(queue) + 1, dtype=np.int64)
-            np.cumsum(np.fromiter(map(len, columns[j]), dtype=np.int64, count=len(queue)), out=out[1:])
+        def ptr(name: str) -> np.ndarray:  # [S+1] CSR bounds from the lengths ``q[name]``
+            out = np.zeros(len(queued) + 1, dtype=np.int64)
+            np.cumsum(q[name], out=out[1:])
             return out
 
-        def flat(j: int, bounds: np.ndarray, dtype: type) -> np.ndarray:  # column j's tuples, one after another
-            return np.fromiter(chain.from_iterable(columns[j]), dtype=dtype, count=int(bounds[-1]))
+        def ints(name: str) -> np.ndarray:
+            return np.array(q[name], dtype=np.int64)
 
-        cat_ptr, hold_ptr, target_ptr, c_ptr = ptr(0), ptr(2), ptr(6), ptr(8)
+        def floats(name: str) -> np.ndarray:
+            return np.array(q[name], dtype=np.float64)
+
+        def flags(name: str) -> np.ndarray:
+            return np.array(q[name], dtype=np.bool_)
+
         (transfers, src, dst, stage, parts, part_category, part_fraction, local, collective_ptr, collective_category,
          collective_ps) = _make_skeletons(
-            cat_ptr, flat(0, cat_ptr, np.int64), flat(1, cat_ptr, np.int64), hold_ptr, flat(2, hold_ptr, np.int64),
-            flat(3, hold_ptr, np.float64), flat(4, hold_ptr, np.float64), np.array(columns[5], dtype=np.bool_),
-            target_ptr, flat(6, target_ptr, np.int64), np.array(columns[7], dtype=np.bool_), c_ptr,
-            flat(8, c_ptr, np.int64), flat(9, c_ptr, np.float64), flat(10, c_ptr, np.float64),
-            np.array(columns[11], dtype=np.bool_), beta, self.num_devices)
+            ptr("categories"), ints("cat_class"), ints("cat_demand"), ptr("holders"), ints("hold_device"),
+            floats("hold_lo"), floats("hold_hi"), flags("p_split"), ptr("targets"), ints("target_device"),
+            flags("c_split"), ptr("c_devices"), ints("c_device"), floats("c_lo"), floats("c_hi"), flags("c_ps"), beta,
+            self.num_devices)
         size = self.size
         n, total_parts = src.size, part_category.size
         self.extend({"first_transfer": size["transfer"] + np.cumsum(transfers) - transfers, "transfers": transfers,
                      "src": src, "dst": dst, "stage": stage,
                      "first_part": size["part"] + np.cumsum(parts) - parts, "parts": parts,
                      "part_category": part_category, "part_fraction": part_fraction, "local": local},
-                    {"skeleton": len(queue), "transfer": n, "part": total_parts, "local": local.size})
-        ops = np.where(collective_ps, "ps", "allreduce").tolist()
-        categories = collective_category.tolist()
+                    {"skeleton": len(queued), "transfer": n, "part": total_parts, "local": local.size})
+        if collective_category.size == 0:
+            self.info += [(holders, ()) for holders in queued]
+            return
+        ops = ["ps" if ps else "allreduce" for ps in collective_ps.tolist()]
+        collectives = list(zip(collective_category.tolist(), ops))
         bounds = collective_ptr.tolist()
-        for i, holders in enumerate(columns[2]):
-            self.info.append((holders, tuple(zip(categories[bounds[i]:bounds[i + 1]], ops[bounds[i]:bounds[i + 1]]))))
+        self.info += [(holders, tuple(collectives[bounds[i]:bounds[i + 1]])) for i, holders in enumerate(queued)]
+
+
+def _skeleton_queue() -> dict[str, list]:
+    """What :meth:`_Skeletons.row` queues of new skeletons for :func:`_make_skeletons`: its inputs as flat lists,
+    CSR columns by their lengths (``categories``, ``holders``, ``targets``, ``c_devices``)."""
+    return {name: [] for name in ("cat_class", "cat_demand", "categories", "hold_device", "hold_lo", "hold_hi",
+                                  "holders", "p_split", "target_device", "targets", "c_split", "c_device", "c_lo",
+                                  "c_hi", "c_devices", "c_ps")}
 
 
 class _PairBundles(NamedTuple):
@@ -457,8 +494,8 @@ class _BundleStore(_Columns):
 
     def arrays(self) -> tuple:
         """The 8 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
-        return tuple(self.view(name) for name in ("unit", "kind", "category", "consumer_first", "consumer_end",
-                                                  "nbytes", "count", "consumer"))
+        return self.views(("unit", "kind", "category", "consumer_first", "consumer_end", "nbytes", "count",
+                           "consumer"))
 
 
 class _BlockStore(_Columns):
@@ -502,8 +539,9 @@ class _BlockStore(_Columns):
     def arrays(self) -> tuple:
         """The block arrays :func:`_pair_fragments` takes, in its order: views of the rows in use, and the
         index."""
-        return (self.view("replicas"), self.view("mp"), self.view("row"), self.index, self.view("device0"),
-                self.view("unit0"), self.view("device"), self.view("tensor_first"))
+        replicas, mp, row, device0, unit0, device, tensor_first = self.views(
+            ("replicas", "mp", "row", "device0", "unit0", "device", "tensor_first"))
+        return replicas, mp, row, self.index, device0, unit0, device, tensor_first
 
 
 class _Assembled(NamedTuple):
@@ -1218,13 +1256,9 @@ class StrategyEvaluator:
     def _assemble(self, group_ids: np.ndarray, pair_ids: np.ndarray) -> _Assembled:
         arena = self._arena
         arena.flush()
-        view = arena.view
         out = _assemble(arena.meta[:arena.stored], self._group_order, group_ids, pair_ids, self._pair_p,
-                        self._pair_c, view("duration"), view("kind"), view("nres"), view("res"), view("dep_task"),
-                        view("dep_on"), view("dep_lag"), view("tensor_device"), view("tensor_bytes"),
-                        view("tensor_producer"), view("alloc_lag"), view("free_lag"), view("tensor_persistent"),
-                        view("read_tensor"), view("read_task"), view("read_lag"), self._merging, self._link_base,
-                        self.cluster.num_devices, arena.compact.view("device"), arena.compact.view("fraction"),
+                        self._pair_c, *arena.views(_ARENA_COLUMNS), self._merging, self._link_base,
+                        self.cluster.num_devices, *arena.compact.views(("device", "fraction")),
                         self.context.type_array, self._unit_ptr, self._unit_ids, self._unit_rank,
                         self.tables.unit_time_fixed, self.tables.unit_time_scaled, self.tables.unit_out_rows,
                         self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst, self._local_dep,
