@@ -1191,6 +1191,22 @@ def test_skeleton_kernel_makes_the_compilers_skeletons():
     assert all(hits.values()), hits
 
 
+def test_compiled_unique_is_numpys():
+    """The evaluator's compiled ``_unique`` returns what ``np.unique(codes, return_index=True,
+    return_inverse=True)`` returns (distinct codes ascending, first positions, inverse), on empty, single,
+    repeated and wide int64 codes."""
+    from tag.compiler.evaluate import _unique
+
+    rng = np.random.default_rng(0)
+    cases = [np.zeros(0, dtype=np.int64), np.array([7]), np.array([3, 3, 3]), np.array([5, 1, 5, 2, 1])]
+    cases += [rng.integers(0, high, size, dtype=np.int64) for size in (2, 60, 300) for high in (4, 1000, 2**62)]
+    for codes in cases:
+        expected = np.unique(codes, return_index=True, return_inverse=True)
+        got = _unique(codes)
+        for a, b in zip(expected, got):
+            assert np.array_equal(a, b) and b.dtype == np.int64, (codes, expected, got)
+
+
 def test_evaluator_columns_keep_their_rows_as_they_grow():
     """The evaluator's column store grows its arrays past 1024 rows; every row written stays readable,
     in order, through the growths, per table."""

@@ -829,7 +829,7 @@ class StrategyEvaluator:
             out[templated] = found
             new_template = found < 0
             if new_template.any():
-                new_codes, first, inverse = np.unique(codes[new_template], return_index=True, return_inverse=True)
+                new_codes, first, inverse = _unique(codes[new_template])
                 missed = templated[new_template]  # positions of the pairs whose template is new
                 leaders = missed[first]
                 build = np.sort(np.concatenate([build, leaders]))
@@ -1902,6 +1902,26 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
         counts[m, 4] = q - q_pair
     return (duration, kind, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device,
             tensor_bytes, tensor_producer, read_tensor[:q].copy(), read_task[:q].copy(), counts)
+
+
+@jit
+def _unique(codes):
+    """``np.unique(codes, return_index=True, return_inverse=True)`` of int64 ``codes`` [n], compiled (an
+    evaluation's few dozen codes: numpy's call overhead was most of its cost): the distinct codes ascending,
+    the first position of each, and each code's index among them."""
+    order = np.argsort(codes, kind="mergesort")  # stable: each run of equal codes starts at its first position
+    unique = np.empty(codes.size, dtype=np.int64)
+    first = np.empty(codes.size, dtype=np.int64)
+    inverse = np.empty(codes.size, dtype=np.int64)
+    u = -1
+    for i in range(codes.size):
+        j = order[i]
+        if u < 0 or codes[j] != unique[u]:
+            u += 1
+            unique[u] = codes[j]
+            first[u] = j
+        inverse[j] = u
+    return unique[:u + 1].copy(), first[:u + 1].copy(), inverse
 
 
 @jit
