@@ -402,34 +402,21 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
     keep, demand, set_unit, bounds = _consumer_units(tables, use_ids, op_unit, unit_p, group_p == group_c,
                                                      pclass, skip_local)
     uses = np.flatnonzero(keep)
-    if uses.size == 0:
-        return {}
     kept_ids = use_ids[uses]
     # input ops' tensors (parameters, the batch) exist from time 0 and all queue at once: each moves on its
     # own, in op order, as at op level (one merged transfer would take the NICs in another order)
-    unit_key = np.where(unit_p != NO_UNIT, unit_p, NO_UNIT - 1 - producer)[uses]
+    unit_key = np.where(unit_p != NO_UNIT, unit_p, NO_UNIT - 1 - producer)[uses].tolist()
     if op_device is None:
-        devices = np.full(uses.size, -1, dtype=np.int64)
+        devices = [-1] * uses.size
     else:
-        devices = np.array([op_device.get(p, -1) for p in producer[uses].tolist()], dtype=np.int64)
-    # a bundle's key: (producer group, unit, device, consumer group, consumer units); its index in order of
-    # first use. The keys as rows, the consumer units padded with NO_UNIT - 1 (no unit), found by np.unique.
-    lengths = bounds[uses + 1] - bounds[uses]  # [n] consumer units of each kept use
-    units = np.full((uses.size, int(lengths.max())), NO_UNIT - 1, dtype=np.int64)
-    row = np.repeat(np.arange(uses.size), lengths)
-    column = np.arange(row.size) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    units[row, column] = set_unit[np.repeat(bounds[uses], lengths) + column]
-    keys = np.column_stack([group_p[uses], unit_key, devices, group_c[uses], units])
-    _, first_use, key_of = np.unique(keys, axis=0, return_index=True, return_inverse=True)
-    by_first_use = np.argsort(first_use)  # the distinct keys in order of first use
-    rank = np.empty(first_use.size, dtype=np.int64)
-    rank[by_first_use] = np.arange(first_use.size)
-    bundle_of = rank[key_of.reshape(-1)]
-    firsts = first_use[by_first_use].tolist()  # [bundles] the first use of each
-    set_unit, bounds = set_unit.tolist(), bounds.tolist()
-    index = [(gp, unit, device, gc, tuple(set_unit[bounds[i]:bounds[i + 1]])) for gp, unit, device, gc, i in zip(
-        group_p[uses[firsts]].tolist(), unit_key[firsts].tolist(), devices[firsts].tolist(),
-        group_c[uses[firsts]].tolist(), uses[firsts].tolist())]  # [bundles] their keys
+        devices = [op_device.get(p, -1) for p in producer[uses].tolist()]
+    index: dict[tuple, int] = {}  # bundle key -> its index, in order of first use
+    bundle_of = []
+    for i, gp, unit, device, gc in zip(uses.tolist(), group_p[uses].tolist(), unit_key, devices,
+                                       group_c[uses].tolist()):
+        bundle_of.append(index.setdefault((gp, unit, device, gc, tuple(set_unit[bounds[i]:bounds[i + 1]])),
+                                          len(index)))
+    bundle_of = np.array(bundle_of, dtype=np.int64)
     # categories: (bundle, class, demand), ascending; bytes summed in use order from 0.0 (bincount)
     width = int(max(pclass.max(), demand.max())) + 1
     codes, category = np.unique((bundle_of * width + pclass[uses]) * width + demand[uses], return_inverse=True)
@@ -453,7 +440,7 @@ def make_bundles(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarra
 def _consumer_units(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.ndarray, unit_p: np.ndarray,
                     local: np.ndarray, pclass: np.ndarray, skip_local: bool) -> tuple:
     """For :func:`make_bundles`: (kept [Q] bool, demand [Q], consumer units, bounds [Q+1]), the units reading
-    use ``use_ids[i]`` being ``units[bounds[i]:bounds[i + 1]]`` (ascending; arrays). ``unit_p`` [Q]: each use's
+    use ``use_ids[i]`` being ``units[bounds[i]:bounds[i + 1]]`` (ascending; lists). ``unit_p`` [Q]: each use's
     producer unit; ``local`` [Q]: the use stays inside one group; with ``skip_local`` such a use loses its
     readers in the producer's unit, takes their demand, and is not kept where it never moves data
     (:func:`always_local`)."""
@@ -477,8 +464,8 @@ def _consumer_units(tables: CompilerTables, use_ids: np.ndarray, op_unit: np.nda
         use_of, consumer_unit = use_of[kept], consumer_unit[kept]
     span = int(consumer_unit.max()) + 2 if consumer_unit.size else 1  # units are >= NO_UNIT = -1
     unit_sets = np.unique(use_of * span + consumer_unit + 1)
-    bounds = np.searchsorted(unit_sets // span, np.arange(use_ids.size + 1))
-    return keep, demand, unit_sets % span - 1, bounds
+    bounds = np.searchsorted(unit_sets // span, np.arange(use_ids.size + 1)).tolist()
+    return keep, demand, (unit_sets % span - 1).tolist(), bounds
 
 
 def _local_successors(graph: OpGraph, assignment: np.ndarray, op_unit: np.ndarray, num_units: int) -> list[tuple]:
