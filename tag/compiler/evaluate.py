@@ -933,30 +933,37 @@ class StrategyEvaluator:
         replicas = np.diff(device_ptr)
         # the ids the arena gives next; templates only where the fragments are compact
         assert self._arena.num_fragments == len(self._block_of), "fragment ids and recorded blocks out of step"
-        self._blocks.add(self._arena.num_fragments, False, replicas, counts[:, 0], counts[:, 5],
-                         device_list, replicas, tensor_first, units, index,
-                         -1 if self._merging else [self._row_of(layout) for layout in layouts])
-        fragments = []
         if self._merging:
-            rows = {"duration": np.concatenate([unit_durations(self.tables, self.context, layout).reshape(-1)
-                                                for layout in layouts]),
-                    "kind": TASK_COMPUTE, "nres": 1, "res": res,
-                    "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
-                    "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
-                    "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
-        else:  # compact: _assemble computes the rows from the layouts' devices and fractions
+            template_rows = -1
+        else:  # layouts of one row (a default fill lays every group out alike) asked once
+            row_ids: dict[tuple, int] = {}
+            template_rows = []
+            for layout in layouts:
+                row = row_ids.get(layout.key[1:])
+                if row is None:
+                    row = row_ids[layout.key[1:]] = self._row_of(layout)
+                template_rows.append(row)
+        self._blocks.add(self._arena.num_fragments, False, replicas, counts[:, 0], counts[:, 5],
+                         device_list, replicas, tensor_first, units, index, template_rows)
+        if not self._merging:  # compact: _assemble computes the rows from the layouts' devices and fractions
             first = self._arena.add_compact(groups, replicas, device_list, fractions, counts[:, :5])
-            fragments = list(range(first, first + len(layouts)))
-        for f, layout in enumerate(layouts):
-            new_id = start_lag = end_lag = None
-            merged = int(counts[f, 0])
-            if self._merging:  # each fragment's chunks merged on its own
-                one = _fragment_rows(rows, _GROUP_COLUMNS, counts, ends, f)
-                part = self.tables.unit_part[self.tables.group_units[layout.group]]
-                merge_key = (part[:, None] * self.cluster.num_devices + np.asarray(layout.devices)).reshape(-1)
-                one, new_id, start_lag, end_lag = self._merge_group(one, merge_key)
-                merged = len(one["duration"])
-                fragments.append(self._arena.add(one, (0, 0, 0, 0), merged))
+            self._block_of += [_GroupBlock(layout, merged, None, None, None)
+                               for layout, merged in zip(layouts, counts[:, 0].tolist())]
+            return list(range(first, first + len(layouts)))
+        rows = {"duration": np.concatenate([unit_durations(self.tables, self.context, layout).reshape(-1)
+                                            for layout in layouts]),
+                "kind": TASK_COMPUTE, "nres": 1, "res": res,
+                "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
+                "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
+                "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
+        fragments = []
+        for f, layout in enumerate(layouts):  # each fragment's chunks merged on its own
+            one = _fragment_rows(rows, _GROUP_COLUMNS, counts, ends, f)
+            part = self.tables.unit_part[self.tables.group_units[layout.group]]
+            merge_key = (part[:, None] * self.cluster.num_devices + np.asarray(layout.devices)).reshape(-1)
+            one, new_id, start_lag, end_lag = self._merge_group(one, merge_key)
+            merged = len(one["duration"])
+            fragments.append(self._arena.add(one, (0, 0, 0, 0), merged))
             self._block_of.append(_GroupBlock(layout, merged, new_id, start_lag, end_lag))
         return fragments
 

@@ -221,12 +221,11 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, key: tuple) ->
         mask = np.frombuffer(row, dtype=bool)
         placed = context.placements[(row, split_option, batch_split)] = _placement(context, mask, split_option,
                                                                                    batch_split)
-    devices = placed["devices"]
+    devices, fraction, lo, hi, split = placed
     if option == MODEL_PARALLEL and len(devices) > 1:
         pieces, op_device, op_pieces = _model_parallel_pieces(tables, context, group, devices)
-        return GroupLayout(group=group, option=option, **placed, pieces=pieces, op_device=op_device,
-                           op_pieces=op_pieces, key=key)
-    return GroupLayout(group=group, option=option, **placed, key=key)
+        return GroupLayout(group, option, devices, fraction, lo, hi, split, pieces, op_device, op_pieces, key)
+    return GroupLayout(group, option, devices, fraction, lo, hi, split, (), None, None, key)
 
 
 def unit_durations(tables: CompilerTables, context: ClusterContext, layout: GroupLayout) -> np.ndarray:
@@ -242,8 +241,8 @@ def unit_durations(tables: CompilerTables, context: ClusterContext, layout: Grou
     return time_fixed[:, device_types] + time_scaled[:, device_types] * np.asarray(layout.fraction)
 
 
-def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, batch_split: str) -> dict:
-    """What a layout takes from its placement row, whatever its group: its devices, fraction, lo, hi and split
+def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, batch_split: str) -> tuple:
+    """What a layout takes from its placement row, whatever its group: its (devices, fraction, lo, hi, split)
     fields."""
     devices = np.flatnonzero(mask[context.cluster.device_group])
     r = devices.size
@@ -256,8 +255,7 @@ def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, ba
         lo = np.concatenate([[0.0], hi[:-1]])
     else:
         fraction, lo, hi = np.ones(r), np.zeros(r), np.ones(r)
-    return dict(devices=tuple(devices.tolist()), fraction=tuple(fraction.tolist()), lo=tuple(lo.tolist()),
-                hi=tuple(hi.tolist()), split=split)
+    return tuple(devices.tolist()), tuple(fraction.tolist()), tuple(lo.tolist()), tuple(hi.tolist()), split
 
 
 def _model_parallel_pieces(tables: CompilerTables, context: ClusterContext, group: int, devices: tuple[int, ...]):
