@@ -1087,7 +1087,7 @@ def test_mixed_and_overflowing_templates_still_build_every_pair(bert_tiny, monke
         evaluator = StrategyEvaluator(gg, cluster)
         for k, strategy in enumerate(strategies):
             if k == 1:  # after the uniform strategy: its pairs are served by their templates
-                evaluator._pair_table, evaluator._last_ids = int_table(), (None, None)
+                evaluator._pair_table, evaluator._last_ids = int_table(), (np.zeros(0, dtype=np.int64),) * 2
             expected = simulate_fast(compile_strategy(gg, strategy, cluster).taskgraph)
             assert_same_result(evaluator(strategy), expected)
         assert evaluator._templates and (bits > 3 or len(evaluator._row_ids) <= 8 and len(evaluator._class_ids) <= 8)

@@ -601,6 +601,7 @@ class StrategyEvaluator:
         self.context: ClusterContext = cluster_context(cluster, self.tables)
         self.max_cached_tasks = max_cached_tasks
         self._sizes = device_group_sizes(cluster)
+        self._sizes_bytes = self._sizes.astype(np.int64).tobytes()  # what _check compares a strategy's sizes to
         m = cluster.num_device_groups
         # [M] a placement row -> its bits, where a group's key (_group_keys) fits in an int64 (None: keys interned)
         wide = (1 << m) * len(OPTIONS) * len(BATCH_SPLITS) * group_graph.num_groups >= 1 << 63
@@ -684,8 +685,9 @@ class StrategyEvaluator:
         self._pair_static: dict[tuple[int, int], _PairBundles] = {}  # replicated pairs' bundles (in the store)
         self._bundles = _BundleStore()  # every pair's bundles, model-parallel pairs' once per build
         self._blocks = _BlockStore(self.cluster.num_devices)  # group fragments' blocks, for pair fragments
-        self._last_ids: tuple[np.ndarray | None, np.ndarray | None] = (None, None)  # ([G] group, [P] pair fragments)
-        self._last_groups: tuple | None = None  # ([G] keys, [G] group fragments) of the previous call
+        empty = np.zeros(0, dtype=np.int64)  # no previous call
+        self._last_ids = (empty, empty)  # ([G] group, [P] pair fragments) of the previous call
+        self._last_groups = (empty, empty)  # ([G] keys, [G] group fragments) of the previous call
 
     # ------------------------------------------------------------------ evaluation
     def __call__(self, strategy: Strategy, *, feedback: bool = True, raise_on_oom: bool = False) -> SimulationResult:
@@ -725,7 +727,7 @@ class StrategyEvaluator:
         if strategy.num_groups != self.group_graph.num_groups:
             raise CompileError(f"the strategy has {strategy.num_groups} op groups but the grouping has "
                                f"{self.group_graph.num_groups}")
-        if not np.array_equal(self._sizes, strategy.device_group_sizes):
+        if strategy.device_group_sizes.tobytes() != self._sizes_bytes:
             raise CompileError(f"the strategy is for device groups of {strategy.device_group_sizes.tolist()} "
                                f"devices, but cluster {self.cluster.name!r} has {self._sizes.tolist()}")
 
@@ -733,10 +735,8 @@ class StrategyEvaluator:
         """[G] a key of each group's (group, placement row, option, batch split), one int64 each: the row's bits,
         option, split and group in one number where they fit, else interned."""
         split = BATCH_SPLITS.index(strategy.batch_split)
-        g = self.group_graph.num_groups
         if self._bits is not None:
-            codes = strategy.placement @ self._bits  # [G] placement rows as bit sets
-            return ((codes * len(OPTIONS) + strategy.option) * len(BATCH_SPLITS) + split) * g + np.arange(g)
+            return _group_keys(strategy.placement, strategy.option, split, len(OPTIONS), len(BATCH_SPLITS))
         keys = self._wide_keys
         return np.array([keys.setdefault((k, row.tobytes(), option, split), len(keys))
                          for k, (row, option) in enumerate(zip(strategy.placement, strategy.option.tolist()))],
@@ -746,28 +746,21 @@ class StrategyEvaluator:
         """[G] group fragment of each group under ``strategy`` (compiled on a miss); only the groups whose key
         (:meth:`_group_keys`) changed since the previous call are looked up, all at once."""
         keys = self._group_keys(strategy)
-        last = self._last_groups
-        if last is None:
-            stale, ids = np.arange(keys.size), np.empty(keys.size, dtype=np.int64)
-        else:
-            stale = np.flatnonzero(keys != last[0])
-            ids = last[1].copy() if stale.size else last[1]
-        if stale.size:
-            found = table_look_up(self._group_table, keys[stale])
-            ids[stale] = found
-            missed = stale[found < 0]
-            if missed.size:
-                replicated = []  # (group, layout) of the new replicated layouts, built at once below
-                for g in missed.tolist():
-                    layout = group_layout(self.tables, self.context, strategy, g)
-                    if layout.model_parallel:
-                        ids[g] = self._compile_model_parallel(layout)
-                    else:
-                        replicated.append((g, layout))
-                if replicated:
-                    ids[[g for g, _ in replicated]] = self._compile_replicated([layout for _, layout in replicated])
-                table_store(self._group_table, keys[missed], ids[missed])
-                self._num_group_fragments += missed.size
+        last_keys, last_ids = self._last_groups
+        ids = _changed_look_up(keys, last_keys, last_ids, self._group_table)
+        missed = np.flatnonzero(ids < 0)
+        if missed.size:
+            replicated = []  # (group, layout) of the new replicated layouts, built at once below
+            for g in missed.tolist():
+                layout = group_layout(self.tables, self.context, strategy, g)
+                if layout.model_parallel:
+                    ids[g] = self._compile_model_parallel(layout)
+                else:
+                    replicated.append((g, layout))
+            if replicated:
+                ids[[g for g, _ in replicated]] = self._compile_replicated([layout for _, layout in replicated])
+            table_store(self._group_table, keys[missed], ids[missed])
+            self._num_group_fragments += missed.size
         self._last_groups = (keys, ids)
         return ids
 
@@ -775,27 +768,14 @@ class StrategyEvaluator:
         """[P] pair fragment of each pair of groups, given the groups' fragments [G] (compiled on a miss). Only
         the pairs of groups whose fragment changed since the previous call are looked up (search changes a few
         groups at a time)."""
-        last_groups, ids = self._last_ids
-        if last_groups is None:
-            stale = np.arange(len(self._pairs))
-            ids = np.empty(len(self._pairs), dtype=np.int64)
-        else:
-            changed = groups != last_groups  # [G]
-            stale = np.flatnonzero(changed[self._pair_p] | changed[self._pair_c])  # the pairs touching them
-            if stale.size == 0:
-                return ids
-            ids = ids.copy()
-        # a pair's key: its two group fragments (P's in the high 32 bits), looked up all at once
-        fragments_p, fragments_c = groups[self._pair_p[stale]], groups[self._pair_c[stale]]  # [stale]
-        codes = (fragments_p << 32) | fragments_c
-        found = table_look_up(self._pair_table, codes)
-        ids[stale] = found
-        missed = np.flatnonzero(found < 0)
-        if missed.size:
-            pairs = stale[missed]
-            fragments = self._new_pair_fragments(pairs, fragments_p[missed], fragments_c[missed])
+        last_groups, last_ids = self._last_ids
+        # a pair's key: its two group fragments (P's in the high 32 bits)
+        ids, codes = _pair_look_up(groups, last_groups, last_ids, self._pair_p, self._pair_c, self._pair_table)
+        pairs = np.flatnonzero(ids < 0)
+        if pairs.size:
+            fragments = self._new_pair_fragments(pairs, groups[self._pair_p[pairs]], groups[self._pair_c[pairs]])
             ids[pairs] = fragments
-            table_store(self._pair_table, codes[missed], fragments)
+            table_store(self._pair_table, codes[pairs], fragments)
         self._last_ids = (groups, ids)
         return ids
 
@@ -1909,6 +1889,53 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
         counts[m, 4] = q - q_pair
     return (duration, kind, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device,
             tensor_bytes, tensor_producer, read_tensor[:q].copy(), read_task[:q].copy(), counts)
+
+
+@jit
+def _group_keys(placement, option, split, num_options, num_splits):
+    """[G] :meth:`StrategyEvaluator._group_keys` where they fit in an int64: each group's placement row [G, M]
+    (bool) as bits, its option and the batch split ``split``, and the group, in one number."""
+    g = option.size
+    keys = np.empty(g, dtype=np.int64)
+    for k in range(g):
+        code = np.int64(0)
+        for j in range(placement.shape[1]):
+            if placement[k, j]:
+                code |= np.int64(1) << np.int64(j)
+        keys[k] = ((code * num_options + option[k]) * num_splits + split) * g + k
+    return keys
+
+
+@jit
+def _changed_look_up(keys, last_keys, last_ids, table):
+    """[n] the value of each of ``keys`` [n]: the previous call's (``last_ids``) where its key
+    (``last_keys``; empty: none) is the same, else ``table``'s, -1 where it has none."""
+    ids = np.empty(keys.size, dtype=np.int64)
+    same = last_keys.size == keys.size
+    for i in range(keys.size):
+        if same and keys[i] == last_keys[i]:
+            ids[i] = last_ids[i]
+        else:
+            ids[i] = table.get(keys[i], -1)
+    return ids
+
+
+@jit
+def _pair_look_up(groups, last_groups, last_ids, pair_p, pair_c, table):
+    """([P] pair fragment of each pair of groups pair_p -> pair_c, -1 where ``table`` has none; [P] its key,
+    the two group fragments ``groups`` [G], P's in the high 32 bits). A pair both of whose group fragments
+    are those of the previous call (``last_groups``; empty: none) keeps its fragment there (``last_ids``)."""
+    ids = np.empty(pair_p.size, dtype=np.int64)
+    codes = np.empty(pair_p.size, dtype=np.int64)
+    same = last_groups.size == groups.size
+    for k in range(pair_p.size):
+        fp, fc = groups[pair_p[k]], groups[pair_c[k]]
+        codes[k] = (fp << 32) | fc
+        if same and fp == last_groups[pair_p[k]] and fc == last_groups[pair_c[k]]:
+            ids[k] = last_ids[k]
+        else:
+            ids[k] = table.get(codes[k], -1)
+    return ids, codes
 
 
 @jit
