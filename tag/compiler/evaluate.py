@@ -602,6 +602,9 @@ class StrategyEvaluator:
         self.max_cached_tasks = max_cached_tasks
         self._sizes = device_group_sizes(cluster)
         self._sizes_bytes = self._sizes.astype(np.int64).tobytes()  # what _check compares a strategy's sizes to
+        self._capacity = cluster.memory_bytes()  # [D], every result's memory_capacity (read-only: shared)
+        self._capacity.setflags(write=False)
+        self._num_device_groups = cluster.num_device_groups
         m = cluster.num_device_groups
         # [M] a placement row -> its bits, where a group's key (_group_keys) fits in an int64 (None: keys interned)
         wide = (1 << m) * len(OPTIONS) * len(BATCH_SPLITS) * group_graph.num_groups >= 1 << 63
@@ -713,7 +716,7 @@ class StrategyEvaluator:
         return result_from_schedule(
             self.cluster, start, finish, peak,
             lambda: self._feedback(columns, succ_ptr, succ, succ_lag, start, finish, peak) if feedback else None,
-            raise_on_oom=raise_on_oom)
+            raise_on_oom=raise_on_oom, capacity=self._capacity)
 
     def cached_fragments(self) -> tuple[int, int]:
         """(group fragments, pair fragments) the evaluator holds now, each built once (pairs of groups alike
@@ -1259,14 +1262,12 @@ class StrategyEvaluator:
 
     def _feedback(self, columns: _Assembled, succ_ptr: np.ndarray, succ: np.ndarray, succ_lag: np.ndarray,
                   start: np.ndarray, finish: np.ndarray, peak: np.ndarray):
-        d = self.cluster.num_devices
-        links = columns.link_dense.size
-        resource_kind = np.concatenate([self._fixed_resources, np.full(links, RES_LINK, dtype=np.int8)])
-        resource_a = np.concatenate([self._fixed_a, columns.link_dense // d])
-        resource_b = np.concatenate([np.full(self._link_base, -1, dtype=np.int64), columns.link_dense % d])
+        resource_kind, resource_a, resource_b = _resource_columns(self._fixed_resources, self._fixed_a,
+                                                                  columns.link_dense, self.cluster.num_devices)
         return feedback_from_columns(self.cluster, self.group_graph.num_groups, columns.group, columns.kind,
                                      columns.duration, columns.res_ptr, columns.res, resource_kind, resource_a,
-                                     resource_b, succ_ptr, succ, succ_lag, start, finish, peak, by_predecessor=True)
+                                     resource_b, succ_ptr, succ, succ_lag, start, finish, peak, by_predecessor=True,
+                                     num_device_groups=self._num_device_groups)
 
 
 def _implied_edges(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -1889,6 +1890,23 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
         counts[m, 4] = q - q_pair
     return (duration, kind, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device,
             tensor_bytes, tensor_producer, read_tensor[:q].copy(), read_task[:q].copy(), counts)
+
+
+@jit
+def _resource_columns(fixed_kind, fixed_a, link_dense, num_devices):
+    """(kind [R], a [R], b [R]) of an assembly's resources: the fixed ones (``fixed_kind``, ``fixed_a``; b -1),
+    then its links in order (``link_dense``: src * D + dst; a and b their devices)."""
+    fixed = fixed_kind.size
+    kind = np.empty(fixed + link_dense.size, dtype=np.int8)
+    a = np.empty(fixed + link_dense.size, dtype=np.int64)
+    b = np.full(fixed + link_dense.size, -1, dtype=np.int64)
+    kind[:fixed] = fixed_kind
+    a[:fixed] = fixed_a
+    for k in range(link_dense.size):
+        kind[fixed + k] = RES_LINK
+        a[fixed + k] = link_dense[k] // num_devices
+        b[fixed + k] = link_dense[k] % num_devices
+    return kind, a, b
 
 
 @jit

@@ -65,10 +65,12 @@ def make_result(taskgraph: TaskGraph, start: np.ndarray, finish: np.ndarray, pea
 
 
 def result_from_schedule(cluster: Cluster, start: np.ndarray, finish: np.ndarray, peak_memory: np.ndarray,
-                         feedback: Callable[[], Feedback | None], *, raise_on_oom: bool) -> SimulationResult:
+                         feedback: Callable[[], Feedback | None], *, raise_on_oom: bool,
+                         capacity: np.ndarray | None = None) -> SimulationResult:
     """A SimulationResult from a schedule on ``cluster``; ``feedback`` computes the feedback (or returns
-    None), and is not called when OOMError is raised."""
-    capacity = cluster.memory_bytes()
+    None), and is not called when OOMError is raised. ``capacity``: ``cluster.memory_bytes()``, if the caller
+    keeps it."""
+    capacity = cluster.memory_bytes() if capacity is None else capacity
     over = peak_memory > capacity
     oom_device = int(np.argmax(np.where(over, peak_memory / capacity, -np.inf))) if over.any() else -1
     iteration_time = float(finish.max()) if len(finish) else 0.0
@@ -112,12 +114,13 @@ def feedback_from_columns(cluster: Cluster, num_groups: int, group: np.ndarray, 
                           duration: np.ndarray, res_ptr: np.ndarray, res: np.ndarray, resource_kind: np.ndarray,
                           resource_a: np.ndarray, resource_b: np.ndarray, edge_ptr: np.ndarray, edge_end: np.ndarray,
                           edge_lag: np.ndarray, start: np.ndarray, finish: np.ndarray, peak_memory: np.ndarray, *,
-                          by_predecessor: bool) -> Feedback:
+                          by_predecessor: bool, num_device_groups: int | None = None) -> Feedback:
     """Table 1 feedback from the columns of a TaskGraph (see :class:`~tag.sim.taskgraph.TaskGraph`; T
     tasks, R resources) and a schedule; the dependencies as a CSR edge_ptr [T+1] / edge_end [E] of each
     task's successors (``by_predecessor``) or predecessors, met edge_lag [E] after the predecessor's start
     (empty: at its finish); a dependency listed twice counts once. The fast evaluator, which builds no
-    TaskGraph, calls it directly with its successor lists (:func:`~tag.sim.kernels.successor_lists`)."""
+    TaskGraph, calls it directly with its successor lists (:func:`~tag.sim.kernels.successor_lists`) and the
+    cluster's ``num_device_groups``, which it keeps."""
     d = cluster.num_devices
     makespan = float(finish.max()) if len(finish) else 0.0
     first, last, total, count, resource_busy = feedback_sums(num_groups, len(resource_kind), group, kind, duration,
@@ -126,7 +129,8 @@ def feedback_from_columns(cluster: Cluster, num_groups: int, group: np.ndarray, 
     (group_makespan, group_output_idle, resource_idle, link_idle, nic_out_idle, nic_in_idle, group_peak,
      device_group_idle, device_group_link_idle) = feedback_tables(
         first, last, total, count, resource_busy, makespan, resource_kind, resource_a, resource_b,
-        cluster.device_group, cluster.num_device_groups, peak_memory)
+        cluster.device_group, cluster.num_device_groups if num_device_groups is None else num_device_groups,
+        peak_memory)
     return Feedback(
         group_makespan=group_makespan,
         group_output_idle=group_output_idle,
