@@ -69,6 +69,7 @@ Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not 
 
 from __future__ import annotations
 
+from array import array
 from itertools import chain
 from typing import Any, NamedTuple
 
@@ -143,6 +144,7 @@ class _Columns:
     def __init__(self, specs: dict[str, tuple[type, str]], capacity: int = 1024) -> None:
         self.specs = specs  # column -> (dtype, table)
         self.size = dict.fromkeys(sorted({table for _, table in specs.values()}), 0)  # table -> rows
+        self.capacity = dict.fromkeys(self.size, capacity)  # table -> rows its columns hold
         self.columns = {name: np.zeros(capacity, dtype=dtype) for name, (dtype, _) in specs.items()}
         self._views: dict[tuple[str, ...], tuple] = {}  # names -> their views (views()), until the next append
 
@@ -151,19 +153,21 @@ class _Columns:
         from ``rows`` gets rows of no defined value, for a reader that never looks at them); returns each
         table's first new row."""
         first = dict(self.size)
-        for name, (dtype, table) in self.specs.items():
-            start, count = first[table], counts[table]
-            column = self.columns[name]
-            if start + count > column.size:  # the rows in use move to a column 4 times as long (or enough):
-                # its pages are mapped as they are first written, so only the rows copied cost at once
-                longer = np.empty(max(4 * column.size, start + count), dtype=column.dtype)
-                longer[:start] = column[:start]
-                column = self.columns[name] = longer
-            values = rows.get(name)
-            if values is not None:
-                column[start:start + count] = values
         for table, count in counts.items():
-            self.size[table] += count
+            start = first[table]
+            if start + count > self.capacity[table]:  # the rows in use move to columns 4 times as long (or
+                # enough): their pages are mapped as they are first written, so only the rows copied cost at once
+                capacity = self.capacity[table] = max(4 * self.capacity[table], start + count)
+                for name, (dtype, column_table) in self.specs.items():
+                    if column_table == table:
+                        longer = np.empty(capacity, dtype=dtype)
+                        longer[:start] = self.columns[name][:start]
+                        self.columns[name] = longer
+            self.size[table] = start + count
+        for name, values in rows.items():
+            if values is not None:
+                table = self.specs[name][1]
+                self.columns[name][first[table]:self.size[table]] = values
         self._views.clear()
         return first
 
@@ -383,20 +387,20 @@ class _Skeletons(_Columns):
             else:
                 holders, lo, hi, p_split = layout_p.devices, layout_p.lo, layout_p.hi, layout_p.split
             q = self.queue
-            q["cat_class"] += b.pclass
-            q["cat_demand"] += b.demand
+            q["cat_class"].extend(b.pclass)
+            q["cat_demand"].extend(b.demand)
             q["categories"].append(len(b.pclass))
-            q["hold_device"] += holders
-            q["hold_lo"] += lo
-            q["hold_hi"] += hi
+            q["hold_device"].extend(holders)
+            q["hold_lo"].extend(lo)
+            q["hold_hi"].extend(hi)
             q["holders"].append(len(holders))
             q["p_split"].append(p_split)
-            q["target_device"] += targets
+            q["target_device"].extend(targets)
             q["targets"].append(len(targets))
             q["c_split"].append(layout_c.split)
-            q["c_device"] += layout_c.devices
-            q["c_lo"] += layout_c.lo
-            q["c_hi"] += layout_c.hi
+            q["c_device"].extend(layout_c.devices)
+            q["c_lo"].extend(layout_c.lo)
+            q["c_hi"].extend(layout_c.hi)
             q["c_devices"].append(len(layout_c.devices))
             q["c_ps"].append(layout_c.option == PS)
             self.queued.append(holders)
@@ -411,17 +415,17 @@ class _Skeletons(_Columns):
 
         def ptr(name: str) -> np.ndarray:  # [S+1] CSR bounds from the lengths ``q[name]``
             out = np.zeros(len(queued) + 1, dtype=np.int64)
-            np.cumsum(q[name], out=out[1:])
+            np.cumsum(ints(name), out=out[1:])
             return out
 
         def ints(name: str) -> np.ndarray:
-            return np.array(q[name], dtype=np.int64)
+            return np.frombuffer(q[name], dtype=np.int64)
 
         def floats(name: str) -> np.ndarray:
-            return np.array(q[name], dtype=np.float64)
+            return np.frombuffer(q[name], dtype=np.float64)
 
         def flags(name: str) -> np.ndarray:
-            return np.array(q[name], dtype=np.bool_)
+            return np.frombuffer(q[name], dtype=np.bool_)
 
         (transfers, src, dst, stage, parts, part_category, part_fraction, local, collective_ptr, collective_category,
          collective_ps) = _make_skeletons(
@@ -445,12 +449,14 @@ class _Skeletons(_Columns):
         self.info += [(holders, tuple(collectives[bounds[i]:bounds[i + 1]])) for i, holders in enumerate(queued)]
 
 
-def _skeleton_queue() -> dict[str, list]:
-    """What :meth:`_Skeletons.row` queues of new skeletons for :func:`_make_skeletons`: its inputs as flat lists,
-    CSR columns by their lengths (``categories``, ``holders``, ``targets``, ``c_devices``)."""
-    return {name: [] for name in ("cat_class", "cat_demand", "categories", "hold_device", "hold_lo", "hold_hi",
-                                  "holders", "p_split", "target_device", "targets", "c_split", "c_device", "c_lo",
-                                  "c_hi", "c_devices", "c_ps")}
+def _skeleton_queue() -> dict[str, array]:
+    """What :meth:`_Skeletons.row` queues of new skeletons for :func:`_make_skeletons`: its inputs as flat typed
+    buffers (int64, float64 or 0/1 bytes; numpy reads them without a copy), CSR columns by their lengths
+    (``categories``, ``holders``, ``targets``, ``c_devices``)."""
+    return {name: array(code) for name, code in (
+        ("cat_class", "q"), ("cat_demand", "q"), ("categories", "q"), ("hold_device", "q"), ("hold_lo", "d"),
+        ("hold_hi", "d"), ("holders", "q"), ("p_split", "b"), ("target_device", "q"), ("targets", "q"),
+        ("c_split", "b"), ("c_device", "q"), ("c_lo", "d"), ("c_hi", "d"), ("c_devices", "q"), ("c_ps", "b"))}
 
 
 class _PairBundles(NamedTuple):
@@ -1033,31 +1039,39 @@ class StrategyEvaluator:
         stored in the arena at once (queued where chunks are merged); returns their ids. The kernel reads the
         blocks, bundles and skeleton lists from the evaluator's stores; only the collectives are gathered per
         pair."""
-        first_bundle = np.array([static.first for static, _ in prepared], dtype=np.int64)  # [M]
-        bundle_end = first_bundle + np.array([static.unit.size for static, _ in prepared], dtype=np.int64)
-        list_first = np.array([found[1] for _, found in prepared], dtype=np.int64)  # [M] into the list rows
-        collective_ptr, collective_bundle, holder_ptr, holders, collective_seconds, held_ptr, held = (
-            [0], [], [0], [], [], [0], [])
-        for static, (_, _, collectives) in prepared:
-            if collectives is not None:
-                self._collectives(static.first, static.bundles, static.kind_of, collectives, collective_bundle,
-                                  holder_ptr, holders, collective_seconds, held_ptr, held)
-            collective_ptr.append(len(collective_bundle))
+        # [3, M] (rows contiguous) each pair's bundles in the bundle store, and its first row in the list store
+        first_bundle, bundle_end, list_first = np.array(
+            [(static.first, static.first + static.unit.size, found[1]) for static, found in prepared],
+            dtype=np.int64).T.copy()
+        if any(found[2] is not None for _, found in prepared):
+            collective_ptr, collective_bundle, holder_ptr, holders, collective_seconds, held_ptr, held = (
+                [0], [], [0], [], [], [0], [])
+            for static, (_, _, collectives) in prepared:
+                if collectives is not None:
+                    self._collectives(static.first, static.bundles, static.kind_of, collectives, collective_bundle,
+                                      holder_ptr, holders, collective_seconds, held_ptr, held)
+                collective_ptr.append(len(collective_bundle))
+            collectives = (np.array(collective_ptr, dtype=np.int64), np.array(collective_bundle, dtype=np.int64),
+                           np.array(holder_ptr, dtype=np.int64), np.array(holders, dtype=np.int64),
+                           np.array(collective_seconds, dtype=np.float64), np.array(held_ptr, dtype=np.int64),
+                           np.array(held, dtype=np.int64))
+        else:
+            none, zero = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
+            collectives = (np.zeros(len(prepared) + 1, dtype=np.int64), none, zero, none, np.zeros(0), zero, none)
+        tasks, tensors = self._blocks.views(("tasks", "tensors"))
         same = fragment_p == fragment_c  # a group's pair with itself (a group fragment is of one group)
-        tasks, tensors = self._blocks.view("tasks"), self._blocks.view("tensors")
-        tasks_p = tasks[fragment_p]
-        blocks = np.column_stack([tasks_p, np.where(same, 0, tasks[fragment_c]), tensors[fragment_p],
-                                  np.where(same, 0, tensors[fragment_c])])  # [M, 4]
+        blocks = np.empty((fragment_p.size, 4), dtype=np.int64)  # P's tasks, C's (0: P's), P's tensors, C's
+        blocks[:, 0], blocks[:, 1] = tasks[fragment_p], tasks[fragment_c]
+        blocks[:, 2], blocks[:, 3] = tensors[fragment_p], tensors[fragment_c]
+        blocks[same, 1] = blocks[same, 3] = 0
+        c_shift = np.where(same, 0, blocks[:, 0])  # where C's block starts in the pair's numbering
         first_task, first_tensor = blocks[:, 0] + blocks[:, 1], blocks[:, 2] + blocks[:, 3]
         (duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
          read_task, counts) = _pair_fragments(
             first_bundle, bundle_end, list_first, *self._bundles.arrays(), self._list_rows.view("row"),
             *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, *self._blocks.arrays(),
-            np.where(same, 0, tasks_p), first_task, first_tensor,
-            np.array(collective_ptr, dtype=np.int64), np.array(collective_bundle, dtype=np.int64),
-            np.array(holder_ptr, dtype=np.int64), np.array(holders, dtype=np.int64),
-            np.array(collective_seconds, dtype=np.float64), np.array(held_ptr, dtype=np.int64),
-            np.array(held, dtype=np.int64), self._alpha, self._beta, self._nic_out, self._nic_in, self._link_base)
+            c_shift, first_task, first_tensor, *collectives, self._alpha, self._beta, self._nic_out, self._nic_in,
+            self._link_base)
         self._block_of.extend([None] * fragment_p.size)
         if not self._merging:  # stored at once: the kernel makes no dependency of a task on itself
             # contiguous columns: a strided one (M > 1) and a contiguous one (M = 1) are two numba signatures
