@@ -1095,11 +1095,17 @@ def test_mixed_and_overflowing_templates_still_build_every_pair(bert_tiny, monke
 
 def _stored_skeletons(store) -> list[tuple]:
     """Every row of a skeleton store (``_Skeletons``) read back as ``_Compiler._make_skeleton`` gives it:
-    (transfers as (src, dst, stage, ((category, fraction), ...)), local devices, holders, collectives)."""
+    (transfers as (src, dst, stage, ((category, fraction), ...)), local devices, holders, collectives); the
+    holders are stored only for a skeleton with collectives (its collectives' devices), else None."""
     column = {name: store.view(name).tolist() for name in store.specs}
     d = store.num_devices
     skeletons = []
-    for row, (holders, collectives) in enumerate(store.info):
+    for row in range(store.size["skeleton"]):
+        colls = range(column["coll_first"][row], column["coll_first"][row] + column["colls"][row])
+        collectives = tuple((column["coll_category"][j], "ps" if column["coll_ps"][j] else "allreduce")
+                            for j in colls)
+        first_holder = column["holder_first"][row]
+        holders = tuple(column["holder_device"][first_holder:first_holder + column["holders"][row]]) or None
         transfers = []
         first = column["first_transfer"][row]
         for t in range(first, first + column["transfers"][row]):
@@ -1107,7 +1113,7 @@ def _stored_skeletons(store) -> list[tuple]:
             contributions = tuple((column["part_category"][i], column["part_fraction"][i]) for i in parts)
             transfers.append((column["src"][t], column["dst"][t], column["stage"][t], contributions))
         local = frozenset(e for e in range(d) if column["local"][row * d + e])
-        skeletons.append((tuple(transfers), local, tuple(holders), collectives))
+        skeletons.append((tuple(transfers), local, holders, collectives))
     return skeletons
 
 
@@ -1180,11 +1186,11 @@ def test_skeleton_kernel_makes_the_compilers_skeletons():
                                if layout_c.model_parallel else layout_c.devices)
                     cases.append((store.row(b, layout_p, layout_c, first_piece), b, layout_p, layout_c,
                                   compiler._make_skeleton(b, layout_p, layout_c, list(targets))))
-        store.build(evaluator._beta)
+        store.build(evaluator._beta, context)
         stored = _stored_skeletons(store)
         for row, b, layout_p, layout_c, expected in cases:
             assert stored[row] == (tuple(transfer[:4] for transfer in expected.transfers), expected.local,
-                                   expected.holders, expected.collectives)
+                                   expected.holders if expected.collectives else None, expected.collectives)
             assert all(counted == tuple(k for k, _ in contributions)
                        for *_, contributions, counted, _ in expected.transfers)
             _count_skeleton_branches(hits, b, layout_p, layout_c, expected, context.beta)

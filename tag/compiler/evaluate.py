@@ -87,8 +87,7 @@ from tag.sim.result import SimulationResult, feedback_from_columns, result_from_
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
                                TASK_COMPUTE, TASK_TRANSFER)
 from tag.strategy import BATCH_SPLITS, OPTIONS, PS, Strategy, device_group_sizes
-from tag.compiler.compile import (_EMPTY, ADAM_COPIES, _Compiler, collective_resources, ps_seconds,
-                                  ring_allreduce_seconds)
+from tag.compiler.compile import _EMPTY, ADAM_COPIES, _Compiler, collective_resources
 from tag.compiler.errors import CompileError
 from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout, unit_durations
 from tag.compiler.tables import DEMAND_SUM, GRANULARITIES, ROWS, SUMS, Bundle, CompilerTables, compiler_tables
@@ -353,18 +352,28 @@ class _Skeletons(_Columns):
             "first_part": (np.int64, "transfer"), "parts": (np.int64, "transfer"),
             "part_category": (np.int64, "part"), "part_fraction": (np.float64, "part"),
             "local": (np.bool_, "local"),
+            # collectives over the holders: (category, PS or all-reduce) each, and what they take whatever
+            # their bytes (a plan): the holders (with each one's (latency, inverse bandwidth) as a parameter
+            # server, if it syncs by PS), the resources held, the ring's (bandwidth, latency) if it all-reduces
+            "coll_first": (np.int64, "skeleton"), "colls": (np.int64, "skeleton"),
+            "holder_first": (np.int64, "skeleton"), "holders": (np.int64, "skeleton"),
+            "held_first": (np.int64, "skeleton"), "helds": (np.int64, "skeleton"),
+            "ring_bandwidth": (np.float64, "skeleton"), "ring_latency": (np.float64, "skeleton"),
+            "coll_category": (np.int64, "coll"), "coll_ps": (np.bool_, "coll"),
+            "holder_device": (np.int64, "holder"), "server_latency": (np.float64, "holder"),
+            "server_inverse": (np.float64, "holder"), "held_res": (np.int64, "held"),
         })
         self.num_devices = num_devices
         self.rows: dict[tuple, int] = {}  # a skeleton's key -> its row (queued ones included)
-        # [S] per row: (holders, ((category, "allreduce" | "ps"), ...)) for the collective plans
-        self.info: list[tuple[tuple[int, ...], tuple]] = []
         self.queue = _skeleton_queue()  # what the new skeletons are made from, in row order (_make_skeletons' input)
         self.queued: list[tuple[int, ...]] = []  # the holders of each queued skeleton
 
     def arrays(self) -> tuple:
-        """The 10 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
+        """The 24 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
         return self.views(("first_transfer", "transfers", "src", "dst", "stage", "first_part", "parts",
-                           "part_category", "part_fraction", "local"))
+                           "part_category", "part_fraction", "local", "coll_first", "colls", "coll_category",
+                           "coll_ps", "holder_first", "holders", "holder_device", "server_latency",
+                           "server_inverse", "held_first", "helds", "held_res", "ring_bandwidth", "ring_latency"))
 
     def row(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout, pieces_first: int) -> int:
         """The row of the skeleton of bundle ``b`` between these layouts (``pieces_first``: the first piece unit
@@ -381,7 +390,7 @@ class _Skeletons(_Columns):
         key = (b.pclass, b.demand, p_device, layout_p.key[1:] if p_device < 0 else None, consumer_key, targets)
         found = self.rows.get(key)
         if found is None:
-            found = self.rows[key] = len(self.info) + len(self.queued)
+            found = self.rows[key] = self.size["skeleton"] + len(self.queued)
             if p_device >= 0:
                 holders, lo, hi, p_split = (p_device,), (0.0,), (1.0,), False
             else:
@@ -406,8 +415,9 @@ class _Skeletons(_Columns):
             self.queued.append(holders)
         return found
 
-    def build(self, beta: np.ndarray) -> None:
-        """Make the queued skeletons (:func:`_make_skeletons`, bandwidths ``beta`` [D, D]) and store them."""
+    def build(self, beta: np.ndarray, context: ClusterContext) -> None:
+        """Make the queued skeletons (:func:`_make_skeletons`, bandwidths ``beta`` [D, D]) and store them, with
+        the plans of their collectives (``context``'s rings, parameter servers and collective resources)."""
         queued = self.queued
         if not queued:
             return
@@ -434,19 +444,38 @@ class _Skeletons(_Columns):
             flags("c_split"), ptr("c_devices"), ints("c_device"), floats("c_lo"), floats("c_hi"), flags("c_ps"), beta,
             self.num_devices)
         size = self.size
-        n, total_parts = src.size, part_category.size
+        s = len(queued)
+        colls = np.diff(collective_ptr)
+        holders = np.zeros(s, dtype=np.int64)
+        helds = np.zeros(s, dtype=np.int64)
+        ring = np.zeros((2, s))  # bandwidth, latency
+        holder_device, server_latency, server_inverse, held_res = [], [], [], []
+        for i in np.flatnonzero(colls).tolist():  # the plans of the skeletons with collectives
+            devices = queued[i]
+            ps = collective_ps[collective_ptr[i]:collective_ptr[i + 1]]
+            holders[i] = len(devices)
+            holder_device += devices
+            if not ps.all():
+                ring[:, i] = context.ring(devices)
+            servers = [context.server(devices, server) for server in devices] if ps.any() else [(0.0, 0.0)] * len(
+                devices)
+            server_latency += [latency for latency, _ in servers]
+            server_inverse += [inverse for _, inverse in servers]
+            resources = collective_resources(context, devices)
+            helds[i] = len(resources)
+            held_res += resources
         self.extend({"first_transfer": size["transfer"] + np.cumsum(transfers) - transfers, "transfers": transfers,
                      "src": src, "dst": dst, "stage": stage,
                      "first_part": size["part"] + np.cumsum(parts) - parts, "parts": parts,
-                     "part_category": part_category, "part_fraction": part_fraction, "local": local},
-                    {"skeleton": len(queued), "transfer": n, "part": total_parts, "local": local.size})
-        if collective_category.size == 0:
-            self.info += [(holders, ()) for holders in queued]
-            return
-        ops = ["ps" if ps else "allreduce" for ps in collective_ps.tolist()]
-        collectives = list(zip(collective_category.tolist(), ops))
-        bounds = collective_ptr.tolist()
-        self.info += [(holders, tuple(collectives[bounds[i]:bounds[i + 1]])) for i, holders in enumerate(queued)]
+                     "part_category": part_category, "part_fraction": part_fraction, "local": local,
+                     "coll_first": size["coll"] + collective_ptr[:-1], "colls": colls,
+                     "holder_first": size["holder"] + np.cumsum(holders) - holders, "holders": holders,
+                     "held_first": size["held"] + np.cumsum(helds) - helds, "helds": helds,
+                     "ring_bandwidth": ring[0], "ring_latency": ring[1], "coll_category": collective_category,
+                     "coll_ps": collective_ps, "holder_device": holder_device, "server_latency": server_latency,
+                     "server_inverse": server_inverse, "held_res": held_res},
+                    {"skeleton": s, "transfer": src.size, "part": part_category.size, "local": local.size,
+                     "coll": collective_category.size, "holder": len(holder_device), "held": len(held_res)})
 
 
 def _skeleton_queue() -> dict[str, array]:
@@ -485,23 +514,28 @@ class _BundleStore(_Columns):
         super().__init__({"unit": (np.int64, "bundle"), "kind": (np.int64, "bundle"),
                           "category": (np.int64, "bundle"), "consumer_first": (np.int64, "bundle"),
                           "consumer_end": (np.int64, "bundle"), "nbytes": (np.float64, "category"),
-                          "count": (np.int64, "category"), "consumer": (np.int64, "consumer")})
+                          "count": (np.int64, "category"), "use_first": (np.int64, "category"),
+                          "use_end": (np.int64, "category"), "consumer": (np.int64, "consumer"),
+                          "use": (np.int64, "use")})
 
     def add(self, unit: np.ndarray, category: np.ndarray, consumer_ptr: np.ndarray, consumer: np.ndarray,
-            nbytes: np.ndarray, count: np.ndarray, kind_of: np.ndarray) -> int:
-        """Store one pair's bundles (arrays as :class:`_PairBundles`'); returns its first bundle's row."""
+            nbytes: np.ndarray, count: np.ndarray, kind_of: np.ndarray, use_ptr: np.ndarray, uses: np.ndarray) -> int:
+        """Store one pair's bundles (arrays as :class:`_PairBundles`', and the use ids of each category, CSR
+        ``use_ptr`` / ``uses``, which a PS sync reads); returns its first bundle's row."""
         size = self.size
-        first_category, first_consumer = size["category"], size["consumer"]
+        first_category, first_consumer, first_use = size["category"], size["consumer"], size["use"]
         return self.extend({"unit": unit, "kind": kind_of, "category": first_category + category[:-1],
                             "consumer_first": first_consumer + consumer_ptr[:-1],
                             "consumer_end": first_consumer + consumer_ptr[1:], "nbytes": nbytes, "count": count,
-                            "consumer": consumer},
-                           {"bundle": unit.size, "category": nbytes.size, "consumer": consumer.size})["bundle"]
+                            "use_first": first_use + use_ptr[:-1], "use_end": first_use + use_ptr[1:],
+                            "consumer": consumer, "use": uses},
+                           {"bundle": unit.size, "category": nbytes.size, "consumer": consumer.size,
+                            "use": uses.size})["bundle"]
 
     def arrays(self) -> tuple:
-        """The 8 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
+        """The 11 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
         return self.views(("unit", "kind", "category", "consumer_first", "consumer_end", "nbytes", "count",
-                           "consumer"))
+                           "consumer", "use_first", "use_end", "use"))
 
 
 class _BlockStore(_Columns):
@@ -633,8 +667,8 @@ class StrategyEvaluator:
         cross = machine[:, None] != machine[None, :]  # [D, D]
         self._nic_out = np.where(cross, np.asarray(context.nic_out)[:, None], -1)  # [D, D] resource id, -1 if none
         self._nic_in = np.where(cross, np.asarray(context.nic_in)[None, :], -1)  # [D, D]
-        self._use_sync_index = self.tables.use_sync_index.tolist()  # [Q] PS round robin offset of each use
-        self._use_bytes = self.tables.use_bytes.tolist()  # [Q]
+        self._use_sync_index = self.tables.use_sync_index.astype(np.int64)  # [Q] PS round robin offset of each use
+        self._use_bytes = self.tables.use_bytes.astype(np.float64)  # [Q]
         self._unit_position = np.zeros(self.tables.num_units, dtype=np.int64)  # [U] index among its group's units
         for units in self.tables.group_units:
             self._unit_position[units] = np.arange(units.size)
@@ -1039,25 +1073,12 @@ class StrategyEvaluator:
         stored in the arena at once (queued where chunks are merged); returns their ids. The kernel reads the
         blocks, bundles and skeleton lists from the evaluator's stores; only the collectives are gathered per
         pair."""
-        # [3, M] (rows contiguous) each pair's bundles in the bundle store, and its first row in the list store
-        first_bundle, bundle_end, list_first = np.array(
-            [(static.first, static.first + static.unit.size, found[1]) for static, found in prepared],
+        # [4, M] (rows contiguous) each pair's bundles in the bundle store, its first row in the list store, and
+        # its consumer group (a PS sync's server is chosen by it; -1: no bundles)
+        first_bundle, bundle_end, list_first, consumer_group = np.array(
+            [(static.first, static.first + static.unit.size, found[1],
+              static.bundles[0].consumer_group if static.bundles else -1) for static, found in prepared],
             dtype=np.int64).T.copy()
-        if any(found[2] is not None for _, found in prepared):
-            collective_ptr, collective_bundle, holder_ptr, holders, collective_seconds, held_ptr, held = (
-                [0], [], [0], [], [], [0], [])
-            for static, (_, _, collectives) in prepared:
-                if collectives is not None:
-                    self._collectives(static.first, static.bundles, static.kind_of, collectives, collective_bundle,
-                                      holder_ptr, holders, collective_seconds, held_ptr, held)
-                collective_ptr.append(len(collective_bundle))
-            collectives = (np.array(collective_ptr, dtype=np.int64), np.array(collective_bundle, dtype=np.int64),
-                           np.array(holder_ptr, dtype=np.int64), np.array(holders, dtype=np.int64),
-                           np.array(collective_seconds, dtype=np.float64), np.array(held_ptr, dtype=np.int64),
-                           np.array(held, dtype=np.int64))
-        else:
-            none, zero = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)
-            collectives = (np.zeros(len(prepared) + 1, dtype=np.int64), none, zero, none, np.zeros(0), zero, none)
         tasks, tensors = self._blocks.views(("tasks", "tensors"))
         same = fragment_p == fragment_c  # a group's pair with itself (a group fragment is of one group)
         blocks = np.empty((fragment_p.size, 4), dtype=np.int64)  # P's tasks, C's (0: P's), P's tensors, C's
@@ -1070,8 +1091,8 @@ class StrategyEvaluator:
          read_task, counts) = _pair_fragments(
             first_bundle, bundle_end, list_first, *self._bundles.arrays(), self._list_rows.view("row"),
             *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, *self._blocks.arrays(),
-            c_shift, first_task, first_tensor, *collectives, self._alpha, self._beta, self._nic_out, self._nic_in,
-            self._link_base)
+            c_shift, first_task, first_tensor, consumer_group, self._use_sync_index, self._use_bytes, self._alpha,
+            self._beta, self._nic_out, self._nic_in, self._link_base)
         self._block_of.extend([None] * fragment_p.size)
         if not self._merging:  # stored at once: the kernel makes no dependency of a task on itself
             # contiguous columns: a strided one (M > 1) and a contiguous one (M = 1) are two numba signatures
@@ -1092,56 +1113,10 @@ class StrategyEvaluator:
             fragments.append(self._arena.add(one, merged_blocks, int(counts[m, 5])))
         return fragments
 
-    def _collectives(self, first_bundle: int, bundles: list, kind_of: np.ndarray, plans: list, which: list,
-                     holder_ptr: list, holders: list, seconds: list, held_ptr: list, held: list) -> None:
-        """Append one pair's collectives, as ``_Compiler`` emits them (bundle by bundle, category by category;
-        no fusion), for :func:`_pair_fragments`: bundle (its row in the bundle store, the pair's first being
-        ``first_bundle``), devices, seconds
-        (as :func:`~tag.compiler.compile.collective_duration`) and resources, from the collective plan of each
-        bundle's kind (:meth:`_collective_plans`)."""
-        sync_index, use_bytes = self._use_sync_index, self._use_bytes
-        for i, kind in enumerate(kind_of.tolist()):
-            plan = plans[kind]
-            if plan is None:
-                continue
-            devices, resources, collectives, ring, servers = plan
-            b = bundles[i]
-            for k, op in collectives:
-                which.append(first_bundle + i)
-                if op == "allreduce":
-                    seconds.append(ring_allreduce_seconds(len(devices), *ring, b.nbytes[k], b.count[k]))
-                else:
-                    seconds.append(ps_seconds(servers, b.consumer_group, b.uses[k], sync_index, use_bytes))
-                held.extend(resources)
-                held_ptr.append(len(held))
-                holders.extend(devices)
-                holder_ptr.append(len(holders))
-
-    def _collective_plans(self, rows: list[int]) -> list | None:
-        """Per skeleton (its row), what its bundles' collectives take whatever their bytes: (devices, resources
-        (:func:`~tag.compiler.compile.collective_resources`), its (category, op) list, the ring's (bandwidth,
-        latency) if it has all-reduces, each device's (latency, inverse bandwidth) as a parameter server if it
-        has PS syncs); None for a skeleton without collectives, and None for a list without any."""
-        info = self._skeletons.info
-        if not any(info[row][1] for row in rows):
-            return None
-        context = self.context
-        plans = []
-        for row in rows:
-            devices, collectives = info[row]
-            if not collectives:
-                plans.append(None)
-                continue
-            ops = {op for _, op in collectives}
-            ring = context.ring(devices) if "allreduce" in ops else None
-            servers = [context.server(devices, ps) for ps in devices] if ops - {"allreduce"} else None
-            plans.append((devices, collective_resources(context, devices), collectives, ring, servers))
-        return plans
-
     def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[_PairBundles, list]:
         """What a pair fragment is made from: the bundles as arrays (:meth:`_bundle_arrays`) and the skeleton
         of each kind of bundle, as [their rows in the skeleton store, the first of them in the list store (None
-        until stored), their collective plans (:meth:`_collective_plans`; made when the skeletons are)]. A
+        until stored)]. A
         skeleton depends on a bundle only through its kind, so pairs with the same kinds of bundles (repeated
         layers) between layouts of the same rows share the list. New lists are kept in ``self._new_lists``
         and new skeletons queued in the store (:meth:`_Skeletons.row`) for :meth:`_store_new_lists`."""
@@ -1153,24 +1128,22 @@ class StrategyEvaluator:
             first_piece = self.tables.piece_unit(layout_c.group, 0) if layout_c.model_parallel else 0
             row = self._skeletons.row
             found = self._skeleton_lists[key] = [[row(b, layout_p, layout_c, first_piece)
-                                                  for b in static.representatives], None, None]
+                                                  for b in static.representatives], None]
             self._new_lists.append(found)
         return static, found
 
     def _store_new_lists(self) -> None:
-        """Make the queued skeletons, then store the new lists' rows in one go and give them their
-        collective plans."""
+        """Make the queued skeletons, then store the new lists' rows in one go."""
         new = self._new_lists
         if not new:
             return
         self._new_lists = []
-        self._skeletons.build(self._beta)
+        self._skeletons.build(self._beta, self.context)
         rows = np.fromiter(chain.from_iterable(found[0] for found in new), dtype=np.int64)
         start = self._list_rows.extend({"row": rows}, {"row": rows.size})["row"]
         for found in new:
             found[1] = start
             start += len(found[0])
-            found[2] = self._collective_plans(found[0])
 
     def _prepare_dynamic_bundles(self, fragments_p: np.ndarray, fragments_c: np.ndarray) -> None:
         """Make the bundles of the pairs of group fragments (``fragments_p`` [M], ``fragments_c`` [M]) with a
@@ -1240,7 +1213,9 @@ class StrategyEvaluator:
                 representatives.append(b)
             kind_of[i] = kind
         kind_set = self._kind_sets.setdefault(tuple(kinds), len(self._kind_sets))
-        first = self._bundles.add(unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of)
+        use_ptr, uses = csr_from_lists([qs for b in bundles for qs in b.uses])
+        first = self._bundles.add(unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
+                                  use_ptr, uses)
         return _PairBundles(bundles, unit, category, consumer_ptr, consumer, category_bytes, category_count, kind_of,
                             representatives, kind_set, first)
 
@@ -1712,36 +1687,41 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
 
 @jit
 def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_kind, bundle_category,
-                    consumer_first, consumer_end, category_bytes, category_count, bundle_consumer, list_rows,
-                    sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts,
-                    part_category, part_fraction, sk_local,
+                    consumer_first, consumer_end, category_bytes, category_count, bundle_consumer, category_use_first,
+                    category_use_end, category_use, list_rows, sk_first_transfer, sk_transfers, tr_src, tr_dst,
+                    tr_stage, tr_first_part, tr_parts, part_category, part_fraction, sk_local, sk_coll_first,
+                    sk_colls, coll_category, coll_ps, sk_holder_first, sk_holders, holder_device, server_latency,
+                    server_inverse, sk_held_first, sk_helds, held_res, sk_ring_bandwidth, sk_ring_latency,
                     num_devices, fragment_p, fragment_c, block_replicas, block_mp, block_row, block_index,
                     block_device0, block_unit0, block_device, block_tensor_first, c_shift, first_task, first_tensor,
-                    pair_collective_ptr, collective_bundle, holder_ptr, holders, collective_duration,
-                    collective_res_ptr, collective_res, alpha, beta, nic_out, nic_in, link_base):
+                    consumer_group, use_sync_index, use_bytes, alpha, beta, nic_out, nic_in, link_base):
     """The own tasks of M pair fragments, with their dependencies, tensors and reads, one fragment after
     another: each fragment's transfers (``_Compiler._instantiate`` for its bundles), then its collectives
-    (``_Compiler._emit_collectives``, in its order), numbered as the compiler numbers one pair (P's block
-    from 0, C's from ``c_shift[m]``, own tasks from ``first_task[m]``, own tensors from ``first_tensor[m]``).
+    (``_Compiler._emit_collectives``, in its order: bundle by bundle, category by category), numbered as the
+    compiler numbers one pair (P's block from 0, C's from ``c_shift[m]``, own tasks from ``first_task[m]``, own
+    tensors from ``first_tensor[m]``).
 
     Bundles (the rows of :class:`_BundleStore`): pair m's are ``first_bundle[m]:bundle_end[m]``; their
     producer unit's index in P (-1: input ops), kind (its skeleton's row in the skeleton store:
-    ``list_rows[list_first[m] + kind]``), first category (into category_bytes / category_count) and consumer
-    units' indices in C (``bundle_consumer[consumer_first[b]:consumer_end[b]]``). Skeletons: see
-    :class:`_Skeletons`. Blocks, by group fragment id (P's is ``fragment_p[m]``, C's ``fragment_c[m]``): R
+    ``list_rows[list_first[m] + kind]``), first category (into category_bytes / category_count and the
+    category's use ids ``category_use[category_use_first[c]:category_use_end[c]]``) and consumer units' indices
+    in C (``bundle_consumer[consumer_first[b]:consumer_end[b]]``). Skeletons: see :class:`_Skeletons`; a
+    collective's seconds are :func:`~tag.compiler.compile.ring_allreduce_seconds` over its skeleton's ring, or
+    :func:`~tag.compiler.compile.ps_seconds` over its parameter servers (chosen round robin from the pair's
+    ``consumer_group[m]`` by each use's ``use_sync_index``, its bytes ``use_bytes``), and it holds its
+    skeleton's resources. Blocks, by group fragment id (P's is ``fragment_p[m]``, C's ``fragment_c[m]``): R
     (``block_replicas``) tasks per unit (unit u's replica r is task u * R + r), a replicated block's on its
     R devices (``block_device`` from ``block_device0``); a model-parallel group's (``block_mp``) units are
     its pieces, R = 1, piece u on the u-th of its devices; ``block_index`` [blocks, D] (replica of each
     device, -1; read when R > 1) at row ``block_row``; the first output tensor of each unit (-1) in
-    ``block_tensor_first`` from ``block_unit0``. Collectives: pair m's are
-    ``pair_collective_ptr[m]:pair_collective_ptr[m + 1]``: bundle (a row of the bundle store), devices
-    (``holders``, CSR), seconds, resources (CSR). Returns (duration, kind, nres, res, dep_task, dep_on,
+    ``block_tensor_first`` from ``block_unit0``. Returns (duration, kind, nres, res, dep_task, dep_on,
     tensor_device, tensor_bytes, tensor_producer, read_tensor, read_task, counts [M, 6]: tasks, resources,
     dependencies, tensors, reads and transfers of each fragment).
     """
     m_pairs = fragment_p.size
     # sizes first (bounds for dependencies, reads and resources), so that every column is allocated once
     transfers = 0
+    collectives = 0
     deps = 0
     resources = 0
     for m in range(m_pairs):
@@ -1752,15 +1732,15 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
             transfers += n
             consumers = consumer_end[b] - consumer_first[b]
             # each transfer waits for its source, and an AddN forward for stage-1 transfers; each consumer
-            # replica waits for its local copy and for the transfers into its device
+            # replica waits for its local copy and for the transfers into its device; each collective waits
+            # for every holder, and every consumer replica for it
             deps += n * (1 + n) + consumers * (r_c + n)
             resources += 3 * n
-        for j in range(pair_collective_ptr[m], pair_collective_ptr[m + 1]):
-            b = collective_bundle[j]
-            consumers = consumer_end[b] - consumer_first[b]
-            deps += holder_ptr[j + 1] - holder_ptr[j] + consumers * r_c
-            resources += collective_res_ptr[j + 1] - collective_res_ptr[j]
-    tasks = transfers + pair_collective_ptr[m_pairs]
+            c = sk_colls[sk]
+            collectives += c
+            deps += c * (sk_holders[sk] + consumers * r_c)
+            resources += c * sk_helds[sk]
+    tasks = transfers + collectives
     duration = np.empty(tasks)
     kind = np.empty(tasks, dtype=np.int8)
     nres = np.empty(tasks, dtype=np.int64)
@@ -1869,34 +1849,51 @@ def _pair_fragments(first_bundle, bundle_end, list_first, bundle_unit, bundle_ki
         counts[m, 5] = t - t_pair
         # the collectives: each waits for the producer unit's replica on each of its devices and reads its
         # output there; every replica of every consumer unit waits for it
-        for j in range(pair_collective_ptr[m], pair_collective_ptr[m + 1]):
-            b = collective_bundle[j]
-            task = own_task + t
-            duration[t] = collective_duration[j]
-            kind[t] = TASK_COLLECTIVE
-            nres[t] = collective_res_ptr[j + 1] - collective_res_ptr[j]
-            for k in range(collective_res_ptr[j], collective_res_ptr[j + 1]):
-                res[h] = collective_res[k]
-                h += 1
-            unit = bundle_unit[b]
-            if unit >= 0:
-                p_first = p_first_tensor[unit]
-                for k in range(holder_ptr[j], holder_ptr[j + 1]):
-                    replica = _replica(unit, holders[k], p_r, index, p_devices, p_mp)
-                    dep_task[e] = task
-                    dep_on[e] = unit * p_r + replica
-                    e += 1
-                    if p_first >= 0:
-                        read_tensor[q] = p_first + replica
-                        read_task[q] = task
-                        q += 1
-            for c in range(consumer_first[b], consumer_end[b]):
-                c_first = c_shift[m] + bundle_consumer[c] * r_c
-                for r in range(r_c):
-                    dep_task[e] = c_first + r
-                    dep_on[e] = task
-                    e += 1
-            t += 1
+        for b in range(first_bundle[m], bundle_end[m]):
+            sk = list_rows[list_first[m] + bundle_kind[b]]
+            holders = sk_holders[sk]
+            h0 = sk_holder_first[sk]
+            for j in range(sk_coll_first[sk], sk_coll_first[sk] + sk_colls[sk]):
+                category = bundle_category[b] + coll_category[j]
+                task = own_task + t
+                if coll_ps[j]:  # ps_seconds: each use's push and pull at its server
+                    seconds = 0.0
+                    for u in range(category_use_first[category], category_use_end[category]):
+                        use = category_use[u]
+                        server = h0 + (consumer_group[m] + use_sync_index[use]) % holders
+                        size = use_bytes[use]
+                        if size > 0:
+                            seconds += 2.0 * (server_latency[server] + size * server_inverse[server])
+                    duration[t] = seconds
+                else:  # ring_allreduce_seconds
+                    nbytes = category_bytes[category]
+                    duration[t] = (2.0 * (holders - 1) / holders * nbytes / sk_ring_bandwidth[sk]
+                                   + category_count[category] * 2.0 * (holders - 1) * sk_ring_latency[sk]
+                                   if nbytes > 0 else 0.0)
+                kind[t] = TASK_COLLECTIVE
+                nres[t] = sk_helds[sk]
+                for k in range(sk_held_first[sk], sk_held_first[sk] + sk_helds[sk]):
+                    res[h] = held_res[k]
+                    h += 1
+                unit = bundle_unit[b]
+                if unit >= 0:
+                    p_first = p_first_tensor[unit]
+                    for k in range(h0, h0 + holders):
+                        replica = _replica(unit, holder_device[k], p_r, index, p_devices, p_mp)
+                        dep_task[e] = task
+                        dep_on[e] = unit * p_r + replica
+                        e += 1
+                        if p_first >= 0:
+                            read_tensor[q] = p_first + replica
+                            read_task[q] = task
+                            q += 1
+                for c in range(consumer_first[b], consumer_end[b]):
+                    c_first = c_shift[m] + bundle_consumer[c] * r_c
+                    for r in range(r_c):
+                        dep_task[e] = c_first + r
+                        dep_on[e] = task
+                        e += 1
+                t += 1
         counts[m, 0] = t - t_pair
         counts[m, 1] = h - h_pair
         counts[m, 2] = e - e_pair
