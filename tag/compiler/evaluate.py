@@ -22,14 +22,17 @@ so pairs of groups between replicated layouts whose fragments are equal share on
 servers, and the two layouts' rows; :meth:`StrategyEvaluator._new_pair_fragments`), as repeated layers
 placed alike are. After a recorded search of BERT-Large on 60 groups, 6 262 pair fragments serve its 16 240
 pairs of group fragments. The new pairs of an evaluation are built in one call of the compiled kernel
-:func:`_pair_fragments`: each pair's
-transfers from the compiler's bundle skeletons (``_Compiler._skeleton``: which device sends which fraction
-of which category to which, shared by every bundle of a kind), then its collectives, timed and given
-resources by the compiler's formulas (:func:`~tag.compiler.compile.ring_allreduce_seconds`,
-:func:`~tag.compiler.compile.ps_seconds`, :func:`~tag.compiler.compile.collective_resources`) from a plan
-made once per skeleton list. The kernel reads each group fragment's block (its replicas' or pieces' devices,
-its units' first output tensors) and each pair's bundles from stores written once, when they are made
-(a model-parallel pair's each time they are made), and each skeleton list's rows likewise. A model-parallel
+:func:`_pair_fragments`: each pair's transfers from bundle skeletons (which device sends which fraction of
+which category to which, which consumer devices read the producer's own copy, which categories a collective
+syncs; shared by every bundle of a kind), then its collectives, timed and given resources by the compiler's
+formulas (:func:`~tag.compiler.compile.ring_allreduce_seconds`, :func:`~tag.compiler.compile.ps_seconds`,
+:func:`~tag.compiler.compile.collective_resources`) from a plan kept with each skeleton. The skeletons are
+made by the compiled :func:`_make_skeletons`, by the rules and float operations of
+``_Compiler._make_skeleton`` (which ``compile_strategy`` uses, with the delivery records the evaluator does
+not read), all the new ones of an evaluation in one call. The kernel reads each group fragment's block
+(its replicas' or pieces' devices, its units' first output tensors), each pair's bundles (with each
+category's uses, for PS) and each skeleton with its plan from stores written once, when they are made (a
+model-parallel pair's bundles each time they are made), and each skeleton list's rows likewise. A model-parallel
 side is one more block to it (a task per piece, its units the pieces), with bundles made per pair of layouts
 by pieces; model-parallel groups (their METIS pieces) go through the compiler's own Python
 (``_Compiler.group_fragment``). The new pair fragments of an evaluation are written into the arena's columns
@@ -59,11 +62,12 @@ order of float sums), so what the tests prove of that path — agreement with th
 batch-row checker — holds for this one (tests/test_compiler.py).
 
 Cost (BERT-Large, 60 groups, tag-testbed's 16 GPUs, one core; ``scripts/bench_sim.py``): a strategy whose
-fragments are all cached costs the kernels alone, about 1.1–1.2 ms at group granularity (about 13 k tasks,
-24 k dependencies), 0.8 ms merged and 0.3 ms at part granularity; a real search's first evaluation of a
-strategy (17.6 new group fragments, 53.6 new pairs of them served by 21.0 new pair fragments, on average)
-about 2.1–2.2 ms at group granularity, a new model-parallel layout about 1.5–2.5 ms more (METIS and its
-pieces, in Python, once per group and device-type sequence).
+fragments are all cached costs the kernels alone, about 1.0 ms at group granularity (about 12 k tasks,
+24 k dependencies: list scheduling 0.35 ms, assembly 0.22, memory 0.18, feedback 0.12), 0.8 ms merged and
+0.3 ms at part granularity; a real search's first evaluation of a strategy (17.6 new group fragments, 53.6
+new pairs of them served by 21.0 new pair fragments, on average) about 1.8 ms at group granularity; the
+one all-model-parallel strategy of a recorded search about 75 ms (METIS and the pieces' bundles, in
+Python, once per group and device-type sequence).
 Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not available here.
 """
 
