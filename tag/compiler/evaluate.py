@@ -93,7 +93,7 @@ from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_
 from tag.strategy import BATCH_SPLITS, OPTIONS, PS, Strategy, device_group_sizes
 from tag.compiler.compile import _EMPTY, ADAM_COPIES, _Compiler, collective_resources
 from tag.compiler.errors import CompileError
-from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layout, unit_durations
+from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layouts, unit_durations
 from tag.compiler.tables import DEMAND_SUM, GRANULARITIES, ROWS, SUMS, Bundle, CompilerTables, compiler_tables
 
 __all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
@@ -614,8 +614,9 @@ class _Assembled(NamedTuple):
 
 
 class _GroupBlock(NamedTuple):
-    """A group fragment's compute block, as the Python side of pair fragments reads it (its layout, and how
-    merged chunks move a pair's references); what the kernel reads is in :class:`_BlockStore`."""
+    """A group fragment's compute block where chunks are merged, as :meth:`StrategyEvaluator._localize_pair`
+    reads it (its layout, and how merged chunks move a pair's references); what the kernel reads is in
+    :class:`_BlockStore`."""
 
     layout: GroupLayout
     merged: int  # its tasks once the chunks of each part are merged (what the arena stores)
@@ -723,7 +724,8 @@ class StrategyEvaluator:
         self._wide_keys: dict[tuple, int] = {}  # (group, row as bytes, option, split) -> key, without _bits
         self._pair_table = int_table()  # (group fragment of P) << 32 | (of C) -> the pair fragment's id
         self._templates = int_table()  # template (class, P's row, C's row as bits) -> the pair fragment's id
-        self._block_of: list[_GroupBlock | None] = []  # fragment id -> its compute block (None: a pair fragment)
+        self._layout_of: list[GroupLayout | None] = []  # fragment id -> its group's layout (None: a pair fragment)
+        self._merged_blocks: dict[int, _GroupBlock] = {}  # group fragment id -> its block, where chunks are merged
         self._skeletons = _Skeletons(self.cluster.num_devices)
         self._skeleton_lists: dict[tuple, list] = {}  # (kind set, P's row, C's row) -> _pair_skeletons' list
         self._new_lists: list[list] = []  # lists made since the last _store_new_lists
@@ -798,8 +800,8 @@ class StrategyEvaluator:
         missed = np.flatnonzero(ids < 0)
         if missed.size:
             replicated = []  # (group, layout) of the new replicated layouts, built at once below
-            for g in missed.tolist():
-                layout = group_layout(self.tables, self.context, strategy, g)
+            groups = missed.tolist()
+            for g, layout in zip(groups, group_layouts(self.tables, self.context, strategy, groups)):
                 if layout.model_parallel:
                     ids[g] = self._compile_model_parallel(layout)
                 else:
@@ -933,11 +935,13 @@ class StrategyEvaluator:
         pieces = range(first_piece, first_piece + len(layout.pieces))
         piece_device = np.array([piece.device for piece in layout.pieces], dtype=np.int64)
         tensor_first = np.array([block[1].get(unit, -1) for unit in pieces], dtype=np.int64)
-        assert fragment == len(self._block_of), "fragment ids and recorded blocks out of step"
+        assert fragment == len(self._layout_of), "fragment ids and recorded layouts out of step"
         self._blocks.add(fragment, True, np.ones(1, dtype=np.int64), np.array([block[2]]), np.array([block[3]]),
                          piece_device, np.array([piece_device.size]), tensor_first, np.array([tensor_first.size]),
                          np.full((1, self.cluster.num_devices), -1, dtype=np.int64), -1)
-        self._block_of.append(_GroupBlock(layout, num_merged, new_id, start_lag, end_lag))
+        self._layout_of.append(layout)
+        if self._merging:
+            self._merged_blocks[fragment] = _GroupBlock(layout, num_merged, new_id, start_lag, end_lag)
         return fragment
 
     def _compile_replicated(self, layouts: list[GroupLayout]) -> list[int]:
@@ -959,7 +963,7 @@ class StrategyEvaluator:
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
         replicas = np.diff(device_ptr)
         # the ids the arena gives next; templates only where the fragments are compact
-        assert self._arena.num_fragments == len(self._block_of), "fragment ids and recorded blocks out of step"
+        assert self._arena.num_fragments == len(self._layout_of), "fragment ids and recorded layouts out of step"
         if self._merging:
             template_rows = -1
         else:  # layouts of one row (a default fill lays every group out alike) asked once
@@ -974,8 +978,7 @@ class StrategyEvaluator:
                          device_list, replicas, tensor_first, units, index, template_rows)
         if not self._merging:  # compact: _assemble computes the rows from the layouts' devices and fractions
             first = self._arena.add_compact(groups, replicas, device_list, fractions, counts[:, :5])
-            self._block_of += [_GroupBlock(layout, merged, None, None, None)
-                               for layout, merged in zip(layouts, counts[:, 0].tolist())]
+            self._layout_of += layouts
             return list(range(first, first + len(layouts)))
         rows = {"duration": np.concatenate([unit_durations(self.tables, self.context, layout).reshape(-1)
                                             for layout in layouts]),
@@ -991,7 +994,8 @@ class StrategyEvaluator:
             one, new_id, start_lag, end_lag = self._merge_group(one, merge_key)
             merged = len(one["duration"])
             fragments.append(self._arena.add(one, (0, 0, 0, 0), merged))
-            self._block_of.append(_GroupBlock(layout, merged, new_id, start_lag, end_lag))
+            self._layout_of.append(layout)
+            self._merged_blocks[fragments[-1]] = _GroupBlock(layout, merged, new_id, start_lag, end_lag)
         return fragments
 
     def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, Any, Any, Any]:
@@ -1097,7 +1101,7 @@ class StrategyEvaluator:
             *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, *self._blocks.arrays(),
             c_shift, first_task, first_tensor, consumer_group, self._use_sync_index, self._use_bytes, self._alpha,
             self._beta, self._nic_out, self._nic_in, self._link_base)
-        self._block_of.extend([None] * fragment_p.size)
+        self._layout_of += [None] * fragment_p.size
         if not self._merging:  # stored at once: the kernel makes no dependency of a task on itself
             # contiguous columns: a strided one (M > 1) and a contiguous one (M = 1) are two numba signatures
             first = self._arena.store_many((duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes,
@@ -1112,7 +1116,7 @@ class StrategyEvaluator:
         fragments = []
         for m, (p, c) in enumerate(zip(fragment_p.tolist(), fragment_c.tolist())):
             one = _fragment_rows(rows, _PAIR_COLUMNS, counts, ends, m)
-            one, merged_blocks = self._localize_pair(one, self._block_of[p], self._block_of[c], bool(same[m]),
+            one, merged_blocks = self._localize_pair(one, self._merged_blocks[p], self._merged_blocks[c], bool(same[m]),
                                                      (int(blocks[m, 2]), int(blocks[m, 3])))
             fragments.append(self._arena.add(one, merged_blocks, int(counts[m, 5])))
         return fragments
@@ -1124,7 +1128,7 @@ class StrategyEvaluator:
         skeleton depends on a bundle only through its kind, so pairs with the same kinds of bundles (repeated
         layers) between layouts of the same rows share the list. New lists are kept in ``self._new_lists``
         and new skeletons queued in the store (:meth:`_Skeletons.row`) for :meth:`_store_new_lists`."""
-        layout_p, layout_c = self._block_of[fragment_p].layout, self._block_of[fragment_c].layout
+        layout_p, layout_c = self._layout_of[fragment_p], self._layout_of[fragment_c]
         static = self._static_bundles((layout_p.group, layout_c.group), layout_p, layout_c)
         key = (static.kind_set, layout_p.key[1:], layout_c.key[1:])
         found = self._skeleton_lists.get(key)
@@ -1160,7 +1164,7 @@ class StrategyEvaluator:
         layouts = {}
         pairs = []
         for p, c in zip(fragments_p[chosen].tolist(), fragments_c[chosen].tolist()):
-            layout_p, layout_c = self._block_of[p].layout, self._block_of[c].layout
+            layout_p, layout_c = self._layout_of[p], self._layout_of[c]
             layouts[layout_p.group], layouts[layout_c.group] = layout_p, layout_c
             pairs.append((layout_p.group, layout_c.group))
         compiler = self._skeleton_compiler

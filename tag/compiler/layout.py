@@ -30,7 +30,7 @@ from tag.strategy import MODEL_PARALLEL, SYNC_OPTIONS, Strategy
 from tag.compiler.tables import CompilerTables
 
 __all__ = ["GroupLayout", "Piece", "ClusterContext", "cluster_context", "compute_block", "group_layout",
-           "unit_durations"]
+           "group_layouts", "unit_durations"]
 
 _MAX_CACHED_LAYOUTS = 100_000  # group layouts kept per (grouping, cluster) before the cache is emptied
 
@@ -182,17 +182,28 @@ def _make_context(cluster: Cluster, tables: CompilerTables) -> ClusterContext:
 
 def group_layout(tables: CompilerTables, context: ClusterContext, strategy: Strategy, group: int) -> GroupLayout:
     """The layout of ``group`` under ``strategy`` (cached per placement row, option and batch split)."""
-    mask = strategy.placement[group]
-    option = int(strategy.option[group])
-    key = (group, mask.tobytes(), option, strategy.batch_split)
+    return _cached_layout(tables, context, (group, strategy.placement[group].tobytes(), int(strategy.option[group]),
+                                            strategy.batch_split))
+
+
+def group_layouts(tables: CompilerTables, context: ClusterContext, strategy: Strategy,
+                  groups: list[int]) -> list[GroupLayout]:
+    """:func:`group_layout` of each of ``groups``, their rows read at once (a default fill lays out every group)."""
+    m = strategy.placement.shape[1]
+    rows = strategy.placement[groups].tobytes()  # each group's row as bytes, one after another
+    return [_cached_layout(tables, context, (group, rows[i * m:(i + 1) * m], option, strategy.batch_split))
+            for i, (group, option) in enumerate(zip(groups, strategy.option[groups].tolist()))]
+
+
+def _cached_layout(tables: CompilerTables, context: ClusterContext, key: tuple) -> GroupLayout:
+    """The layout of ``key`` = (group, placement row as bytes, option, batch split), made on a miss."""
     layout = context.layouts.get(key)
     if layout is None:
         if len(context.layouts) > _MAX_CACHED_LAYOUTS:
             context.layouts.clear()
             context.blocks.clear()
             context.placements.clear()
-        layout = _make_layout(tables, context, key)
-        context.layouts[key] = layout
+        layout = context.layouts[key] = _make_layout(tables, context, key)
     return layout
 
 
