@@ -512,7 +512,8 @@ class _PairBundles(NamedTuple):
 
 class _BundleStore(_Columns):
     """Pairs' bundles (:class:`_PairBundles`) as :func:`_pair_fragments` reads them, each set stored once:
-    per bundle its producer unit, kind, first category and consumer range (rows of this store)."""
+    per bundle its producer unit, kind, first category and consumer range; per category its bytes, tensors and
+    use ids (a PS sync's seconds add up its uses) (rows of this store)."""
 
     def __init__(self) -> None:
         super().__init__({"unit": (np.int64, "bundle"), "kind": (np.int64, "bundle"),
@@ -615,14 +616,12 @@ class _Assembled(NamedTuple):
 
 class _GroupBlock(NamedTuple):
     """A group fragment's compute block where chunks are merged, as :meth:`StrategyEvaluator._localize_pair`
-    reads it (its layout, and how merged chunks move a pair's references); what the kernel reads is in
-    :class:`_BlockStore`."""
+    reads it (how merged chunks move a pair's references); what the kernel reads is in :class:`_BlockStore`."""
 
-    layout: GroupLayout
     merged: int  # its tasks once the chunks of each part are merged (what the arena stores)
-    new_id: np.ndarray | None  # [tasks] merged task of each chunk task (None: no chunks are merged)
-    start_lag: np.ndarray | None  # [tasks] where each chunk task starts inside its merged task (seconds)
-    end_lag: np.ndarray | None  # [tasks] where it ends
+    new_id: np.ndarray  # [tasks] merged task of each chunk task
+    start_lag: np.ndarray  # [tasks] where each chunk task starts inside its merged task (seconds)
+    end_lag: np.ndarray  # [tasks] where it ends
 
 
 class StrategyEvaluator:
@@ -747,8 +746,7 @@ class StrategyEvaluator:
         if (self._arena.cached_tasks > bound or self._skeletons.size["transfer"] > bound
                 or self._bundles.size["bundle"] > bound):
             self._clear()
-            self.context.plans.clear()  # what the Python path cached for these fragments
-            self.context.skeletons.clear()
+            self.context.plans.clear()  # the model-parallel pairs' bundles the compiler cached for these fragments
         group_ids = self._group_fragment_ids(strategy)
         pair_ids = self._pair_fragment_ids(group_ids)
         columns = self._assemble(group_ids, pair_ids)
@@ -941,7 +939,7 @@ class StrategyEvaluator:
                          np.full((1, self.cluster.num_devices), -1, dtype=np.int64), -1)
         self._layout_of.append(layout)
         if self._merging:
-            self._merged_blocks[fragment] = _GroupBlock(layout, num_merged, new_id, start_lag, end_lag)
+            self._merged_blocks[fragment] = _GroupBlock(num_merged, new_id, start_lag, end_lag)
         return fragment
 
     def _compile_replicated(self, layouts: list[GroupLayout]) -> list[int]:
@@ -995,7 +993,7 @@ class StrategyEvaluator:
             merged = len(one["duration"])
             fragments.append(self._arena.add(one, (0, 0, 0, 0), merged))
             self._layout_of.append(layout)
-            self._merged_blocks[fragments[-1]] = _GroupBlock(layout, merged, new_id, start_lag, end_lag)
+            self._merged_blocks[fragments[-1]] = _GroupBlock(merged, new_id, start_lag, end_lag)
         return fragments
 
     def _merge_group(self, rows: dict, merge_key: np.ndarray) -> tuple[dict, Any, Any, Any]:
@@ -1079,8 +1077,8 @@ class StrategyEvaluator:
         """The pair fragments of M pairs of group fragments (P's ``fragment_p`` [M], C's ``fragment_c`` [M]), from
         their :meth:`_pair_skeletons` (skeletons stored), built by one call of :func:`_pair_fragments` and
         stored in the arena at once (queued where chunks are merged); returns their ids. The kernel reads the
-        blocks, bundles and skeleton lists from the evaluator's stores; only the collectives are gathered per
-        pair."""
+        blocks, bundles, skeletons (with their collectives' plans) and skeleton lists from the evaluator's
+        stores."""
         # [4, M] (rows contiguous) each pair's bundles in the bundle store, its first row in the list store, and
         # its consumer group (a PS sync's server is chosen by it; -1: no bundles)
         first_bundle, bundle_end, list_first, consumer_group = np.array(
@@ -1124,10 +1122,10 @@ class StrategyEvaluator:
     def _pair_skeletons(self, fragment_p: int, fragment_c: int) -> tuple[_PairBundles, list]:
         """What a pair fragment is made from: the bundles as arrays (:meth:`_bundle_arrays`) and the skeleton
         of each kind of bundle, as [their rows in the skeleton store, the first of them in the list store (None
-        until stored)]. A
-        skeleton depends on a bundle only through its kind, so pairs with the same kinds of bundles (repeated
-        layers) between layouts of the same rows share the list. New lists are kept in ``self._new_lists``
-        and new skeletons queued in the store (:meth:`_Skeletons.row`) for :meth:`_store_new_lists`."""
+        until stored)]. A skeleton depends on a bundle only through its kind, so pairs with the same kinds of
+        bundles (repeated layers) between layouts of the same rows share the list. New lists are kept in
+        ``self._new_lists`` and new skeletons queued in the store (:meth:`_Skeletons.row`) for
+        :meth:`_store_new_lists`."""
         layout_p, layout_c = self._layout_of[fragment_p], self._layout_of[fragment_c]
         static = self._static_bundles((layout_p.group, layout_c.group), layout_p, layout_c)
         key = (static.kind_set, layout_p.key[1:], layout_c.key[1:])
