@@ -558,16 +558,8 @@ class _Compiler:
         layouts). A model-parallel consumer enters the key only through the devices of the pieces that read
         the bundle (its option and split are fixed), so bundles into different pieces on the same devices,
         of any model-parallel group, share one skeleton."""
-        if layout_c.model_parallel:
-            base = self.tables.piece_unit(b.consumer_group, 0)
-            pieces = layout_c.pieces
-            targets = tuple(dict.fromkeys([pieces[u - base].device for u in b.consumer_units]))
-            consumer_key = None
-        else:
-            targets = layout_c.devices
-            consumer_key = layout_c.key[1:]
-        key = (b.pclass, b.demand, b.producer_device, layout_p.key[1:] if b.producer_device < 0 else None,
-               consumer_key, targets)
+        first_piece = self.tables.piece_unit(b.consumer_group, 0) if layout_c.model_parallel else 0
+        key, targets = skeleton_key(b, layout_p, layout_c, first_piece)
         skeleton = self.context.skeletons.get(key)
         if skeleton is None:
             skeleton = self.context.skeletons[key] = self._make_skeleton(b, layout_p, layout_c, list(targets))
@@ -1025,6 +1017,22 @@ class _Skeleton(NamedTuple):
     #                   (delivery item with the category in place of its uses, ...)), stage 1 before stage 2
     collectives: tuple  # (category, "allreduce" | "ps") synced by a collective over the holders
     names: tuple  # [K] inserted op kind per category (None: nothing moved), for the records
+
+
+def skeleton_key(b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout, first_piece: int) -> tuple[tuple, tuple]:
+    """(key, consumer devices) of the skeleton of bundle ``b`` between two layouts: its categories and producer
+    device, P's row where the producer is replicated, C's row, and the consumer devices, which for a
+    model-parallel C (whose first piece unit is ``first_piece``) are those of the pieces reading the bundle, in
+    the order of its consumer units (its option and split are fixed, so they alone enter the key)."""
+    if layout_c.model_parallel:
+        pieces = layout_c.pieces
+        targets = tuple(dict.fromkeys([pieces[u - first_piece].device for u in b.consumer_units]))
+        consumer_key = None
+    else:
+        targets = layout_c.devices
+        consumer_key = layout_c.key[1:]
+    p_device = b.producer_device
+    return (b.pclass, b.demand, p_device, layout_p.key[1:] if p_device < 0 else None, consumer_key, targets), targets
 
 
 def _pend(pending: dict, s: int, e: int, stage: int, k: int, fraction: float, item: tuple) -> None:

@@ -91,7 +91,7 @@ from tag.sim.result import SimulationResult, feedback_from_columns, result_from_
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
                                TASK_COMPUTE, TASK_TRANSFER)
 from tag.strategy import BATCH_SPLITS, OPTIONS, PS, Strategy, device_group_sizes
-from tag.compiler.compile import _EMPTY, ADAM_COPIES, _Compiler, collective_resources
+from tag.compiler.compile import _EMPTY, ADAM_COPIES, _Compiler, collective_resources, skeleton_key
 from tag.compiler.errors import CompileError
 from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layouts, unit_durations
 from tag.compiler.tables import DEMAND_SUM, GRANULARITIES, ROWS, SUMS, Bundle, CompilerTables, compiler_tables
@@ -383,18 +383,11 @@ class _Skeletons(_Columns):
         """The row of the skeleton of bundle ``b`` between these layouts (``pieces_first``: the first piece unit
         of a model-parallel consumer), queued for :meth:`build` if new. Keyed as ``_Compiler._skeleton``: a
         model-parallel consumer enters only through the devices of the pieces that read the bundle."""
-        if layout_c.model_parallel:
-            pieces = layout_c.pieces
-            targets = tuple(dict.fromkeys([pieces[u - pieces_first].device for u in b.consumer_units]))
-            consumer_key = None
-        else:
-            targets = layout_c.devices
-            consumer_key = layout_c.key[1:]
-        p_device = b.producer_device
-        key = (b.pclass, b.demand, p_device, layout_p.key[1:] if p_device < 0 else None, consumer_key, targets)
+        key, targets = skeleton_key(b, layout_p, layout_c, pieces_first)
         found = self.rows.get(key)
         if found is None:
             found = self.rows[key] = self.size["skeleton"] + len(self.queued)
+            p_device = b.producer_device
             if p_device >= 0:
                 holders, lo, hi, p_split = (p_device,), (0.0,), (1.0,), False
             else:
