@@ -150,6 +150,7 @@ class _Columns:
         self.capacity = dict.fromkeys(self.size, capacity)  # table -> rows its columns hold
         self.columns = {name: np.zeros(capacity, dtype=dtype) for name, (dtype, _) in specs.items()}
         self._views: dict[tuple[str, ...], tuple] = {}  # names -> their views (views()), until the next append
+        self._whole: dict[tuple[str, ...], tuple] = {}  # names -> their arrays (whole()), until one is reallocated
 
     def extend(self, rows: dict[str, Any], counts: dict[str, int]) -> dict[str, int]:
         """Append ``counts[table]`` rows to every table (``rows[column]``: its new values; a column absent
@@ -161,6 +162,7 @@ class _Columns:
             if start + count > self.capacity[table]:  # the rows in use move to columns 4 times as long (or
                 # enough): their pages are mapped as they are first written, so only the rows copied cost at once
                 capacity = self.capacity[table] = max(4 * self.capacity[table], start + count)
+                self._whole.clear()
                 for name, (dtype, column_table) in self.specs.items():
                     if column_table == table:
                         longer = np.empty(capacity, dtype=dtype)
@@ -183,6 +185,17 @@ class _Columns:
         if found is None:
             found = self._views[names] = tuple(self.view(name) for name in names)
         return found
+
+    def whole(self, names: tuple[str, ...]) -> tuple:
+        """The columns ``names`` whole, rows past those in use included, kept until one of them moves to a
+        longer array: for kernels that read rows by the offsets stored with them (no view to make per call)."""
+        found = self._whole.get(names)
+        if found is None:
+            found = self._whole[names] = tuple(self.column(name) for name in names)
+        return found
+
+    def column(self, name: str) -> np.ndarray:
+        return self.columns[name]
 
 
 class _Arena(_Columns):
@@ -215,6 +228,11 @@ class _Arena(_Columns):
         if name not in self.columns and name in self._LAGS:
             return np.empty(0, dtype=np.float64)
         return super().view(name)
+
+    def column(self, name: str) -> np.ndarray:
+        if name not in self.columns and name in self._LAGS:
+            return np.empty(0, dtype=np.float64)
+        return super().column(name)
 
     def add(self, rows: dict[str, Any], blocks: tuple[int, int, int, int], early: int) -> int:
         """Queue one fragment (its columns as lists or arrays, or a Python int or bool that every row of the
@@ -373,8 +391,8 @@ class _Skeletons(_Columns):
         self.queued: list[tuple[int, ...]] = []  # the holders of each queued skeleton
 
     def arrays(self) -> tuple:
-        """The 24 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
-        return self.views(("first_transfer", "transfers", "src", "dst", "stage", "first_part", "parts",
+        """The 24 columns :func:`_pair_fragments` takes, in its order, whole (:meth:`_Columns.whole`)."""
+        return self.whole(("first_transfer", "transfers", "src", "dst", "stage", "first_part", "parts",
                            "part_category", "part_fraction", "local", "coll_first", "colls", "coll_category",
                            "coll_ps", "holder_first", "holders", "holder_device", "server_latency",
                            "server_inverse", "held_first", "helds", "held_res", "ring_bandwidth", "ring_latency"))
@@ -442,7 +460,7 @@ class _Skeletons(_Columns):
             self.num_devices)
         size = self.size
         s = len(queued)
-        colls = np.diff(collective_ptr)
+        colls = collective_ptr[1:] - collective_ptr[:-1]
         holders = np.zeros(s, dtype=np.int64)
         helds = np.zeros(s, dtype=np.int64)
         ring = np.zeros((2, s))  # bandwidth, latency
@@ -531,8 +549,8 @@ class _BundleStore(_Columns):
                             "use": uses.size})["bundle"]
 
     def arrays(self) -> tuple:
-        """The 11 columns :func:`_pair_fragments` takes, in its order, as views of the rows in use."""
-        return self.views(("unit", "kind", "category", "consumer_first", "consumer_end", "nbytes", "count",
+        """The 11 columns :func:`_pair_fragments` takes, in its order, whole (:meth:`_Columns.whole`)."""
+        return self.whole(("unit", "kind", "category", "consumer_first", "consumer_end", "nbytes", "count",
                            "consumer", "use_first", "use_end", "use"))
 
 
@@ -575,9 +593,9 @@ class _BlockStore(_Columns):
                     {"fragment": f, "device": devices.size, "unit": tensor_first.size})
 
     def arrays(self) -> tuple:
-        """The block arrays :func:`_pair_fragments` takes, in its order: views of the rows in use, and the
-        index."""
-        replicas, mp, row, device0, unit0, device, tensor_first = self.views(
+        """The block arrays :func:`_pair_fragments` takes, in its order: the columns whole
+        (:meth:`_Columns.whole`), and the index."""
+        replicas, mp, row, device0, unit0, device, tensor_first = self.whole(
             ("replicas", "mp", "row", "device0", "unit0", "device", "tensor_first"))
         return replicas, mp, row, self.index, device0, unit0, device, tensor_first
 
@@ -1088,7 +1106,7 @@ class StrategyEvaluator:
         first_task, first_tensor = blocks[:, 0] + blocks[:, 1], blocks[:, 2] + blocks[:, 3]
         (duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
          read_task, counts) = _pair_fragments(
-            first_bundle, bundle_end, list_first, *self._bundles.arrays(), self._list_rows.view("row"),
+            first_bundle, bundle_end, list_first, *self._bundles.arrays(), *self._list_rows.whole(("row",)),
             *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, *self._blocks.arrays(),
             c_shift, first_task, first_tensor, consumer_group, self._use_sync_index, self._use_bytes, self._alpha,
             self._beta, self._nic_out, self._nic_in, self._link_base)
@@ -1235,8 +1253,8 @@ class StrategyEvaluator:
         arena = self._arena
         arena.flush()
         out = _assemble(arena.meta[:arena.stored], self._group_order, group_ids, pair_ids, self._pair_p,
-                        self._pair_c, *arena.views(_ARENA_COLUMNS), self._merging, self._link_base,
-                        self.cluster.num_devices, *arena.compact.views(("device", "fraction")),
+                        self._pair_c, *arena.whole(_ARENA_COLUMNS), self._merging, self._link_base,
+                        self.cluster.num_devices, *arena.compact.whole(("device", "fraction")),
                         self.context.type_array, self._unit_ptr, self._unit_ids, self._unit_rank,
                         self.tables.unit_time_fixed, self.tables.unit_time_scaled, self.tables.unit_out_rows,
                         self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst, self._local_dep,
