@@ -1197,20 +1197,33 @@ def test_skeleton_kernel_makes_the_compilers_skeletons():
     assert all(hits.values()), hits
 
 
-def test_compiled_unique_is_numpys():
-    """The evaluator's compiled ``_unique`` returns what ``np.unique(codes, return_index=True,
-    return_inverse=True)`` returns (distinct codes ascending, first positions, inverse), on empty, single,
-    repeated and wide int64 codes."""
-    from tag.compiler.evaluate import _unique
+def test_template_look_up_finds_known_templates_and_leads_new_ones_by_their_first_pair():
+    """``_template_look_up`` against a plain loop: a pair with both rows and a class has a code; a code the
+    table holds gives its fragment; each new code's first pair leads the others of it; the pairs to build
+    are those without a code and the leaders, ascending. Random rows and classes (with -1s), a table holding
+    some of the codes, 3 row bits."""
+    from tag.compiler.evaluate import _template_look_up
+    from tag.sim.kernels import int_table, table_store
 
     rng = np.random.default_rng(0)
-    cases = [np.zeros(0, dtype=np.int64), np.array([7]), np.array([3, 3, 3]), np.array([5, 1, 5, 2, 1])]
-    cases += [rng.integers(0, high, size, dtype=np.int64) for size in (2, 60, 300) for high in (4, 1000, 2**62)]
-    for codes in cases:
-        expected = np.unique(codes, return_index=True, return_inverse=True)
-        got = _unique(codes)
-        for a, b in zip(expected, got):
-            assert np.array_equal(a, b) and b.dtype == np.int64, (codes, expected, got)
+    for m in (0, 1, 7, 60, 171):
+        row_p, row_c, classes = (rng.integers(-1, 4, m) for _ in range(3))
+        codes = np.where((row_p >= 0) & (row_c >= 0) & (classes >= 0), (classes << 6) | (row_p << 3) | row_c, -1)
+        known = np.unique(codes[codes >= 0])[::2]  # every other code is held
+        table = int_table()
+        table_store(table, known, 1000 + known)
+        out, build, leader, got_codes = _template_look_up(row_p, row_c, classes, table, 3)
+        first: dict[int, int] = {}
+        expected_out, expected_leader, expected_build = [], [], []
+        for i, code in enumerate(codes.tolist()):
+            held = code >= 0 and code in set(known.tolist())
+            expected_out.append(1000 + code if held else -1)
+            lead = -1 if code < 0 or held else first.setdefault(code, i)
+            expected_leader.append(lead)
+            if code < 0 or lead == i:
+                expected_build.append(i)
+        assert got_codes.tolist() == codes.tolist() and out.tolist() == expected_out
+        assert leader.tolist() == expected_leader and build.tolist() == expected_build
 
 
 def test_evaluator_columns_keep_their_rows_as_they_grow():

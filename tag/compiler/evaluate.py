@@ -85,8 +85,7 @@ from tag.grouping import GroupGraph
 from tag.grouping.acyclic import dag_order
 from tag._arrays import csr_from_lists, grown
 from tag._compiled import jit
-from tag.sim.kernels import (int_table, list_schedule, merge_chunks, peak_memory, successor_lists, table_look_up,
-                             table_store)
+from tag.sim.kernels import int_table, list_schedule, merge_chunks, peak_memory, successor_lists, table_store
 from tag.sim.result import SimulationResult, feedback_from_columns, result_from_schedule
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
                                TASK_COMPUTE, TASK_TRANSFER)
@@ -844,33 +843,17 @@ class StrategyEvaluator:
         layouts' rows, options and batch split (:meth:`_row_of`). Pairs of one template have equal
         fragments, task and tensor references being relative to the pair's blocks and tasks taking their
         group from the pair at assembly, so the first one built serves them all (templates are looked up
-        all at once). The rest are built: the skeletons of each first, stored in one go, then the
-        fragments, in pair order, by one :meth:`_compile_pairs`."""
-        out = np.full(pairs.size, -1, dtype=np.int64)
+        all at once, :func:`_template_look_up`). The rest are built: the skeletons of each first, stored in one
+        go, then the fragments, in pair order, by one :meth:`_compile_pairs`."""
         template = self._blocks.view("template")
         row_p, row_c = template[fragments_p], template[fragments_c]  # [M] -1: no template
-        templated = np.flatnonzero((row_p >= 0) & (row_c >= 0))
-        build = np.flatnonzero((row_p < 0) | (row_c < 0))  # positions of the pairs to build
-        leaders = None  # positions of the first pair of each new template, if any
-        if templated.size:
-            ks, row_p, row_c = pairs[templated], row_p[templated], row_c[templated]
-            classes = self._pair_class[ks]
-            # a pair's first replicated layouts, and every PS consumer (servers by P's replicas)
-            for i in np.flatnonzero((classes < 0) | self._row_ps[row_c]).tolist():
-                classes[i] = self._pair_class_of(int(ks[i]), int(row_p[i]), int(row_c[i]))
-            if (classes < 0).any():  # past the class ids a code holds: built
-                build = np.sort(np.concatenate([build, templated[classes < 0]]))
-                keep = classes >= 0
-                templated, row_p, row_c, classes = templated[keep], row_p[keep], row_c[keep], classes[keep]
-            codes = (classes << (2 * _ROW_BITS)) | (row_p << _ROW_BITS) | row_c
-            found = table_look_up(self._templates, codes)
-            out[templated] = found
-            new_template = found < 0
-            if new_template.any():
-                new_codes, first, inverse = _unique(codes[new_template])
-                missed = templated[new_template]  # positions of the pairs whose template is new
-                leaders = missed[first]
-                build = np.sort(np.concatenate([build, leaders]))
+        templated = (row_p >= 0) & (row_c >= 0)
+        classes = np.where(templated, self._pair_class[pairs], -1)
+        if templated.any():  # a pair's first replicated layouts, and every PS consumer (servers by P's replicas)
+            for i in np.flatnonzero(templated & ((classes < 0) | self._row_ps[np.where(templated, row_c, 0)])).tolist():
+                classes[i] = self._pair_class_of(int(pairs[i]), int(row_p[i]), int(row_c[i]))
+        # past the class ids a code holds (-1): built
+        out, build, leader, codes = _template_look_up(row_p, row_c, classes, self._templates, _ROW_BITS)
         if build.size == 0:
             return out
         built_p, built_c = fragments_p[build], fragments_c[build]
@@ -878,9 +861,10 @@ class StrategyEvaluator:
         prepared = [self._pair_skeletons(p, c) for p, c in zip(built_p.tolist(), built_c.tolist())]
         self._store_new_lists()  # skeleton lists not stored yet (pairs of repeated layers share one)
         out[build] = self._compile_pairs(built_p, built_c, prepared)
-        if leaders is not None:
-            out[missed] = out[leaders][inverse]
-            table_store(self._templates, new_codes, out[leaders])
+        served = np.flatnonzero(leader >= 0)  # the pairs of new templates: each takes its leader's fragment
+        out[served] = out[leader[served]]
+        leaders = served[leader[served] == served]
+        table_store(self._templates, codes[leaders], out[leaders])
         return out
 
     def _row_of(self, layout: GroupLayout) -> int:
@@ -1985,23 +1969,38 @@ def _pair_look_up(groups, last_groups, last_ids, pair_p, pair_c, table):
 
 
 @jit
-def _unique(codes):
-    """``np.unique(codes, return_index=True, return_inverse=True)`` of int64 ``codes`` [n], compiled (an
-    evaluation's few dozen codes: numpy's call overhead was most of its cost): the distinct codes ascending,
-    the first position of each, and each code's index among them."""
-    order = np.argsort(codes, kind="mergesort")  # stable: each run of equal codes starts at its first position
-    unique = np.empty(codes.size, dtype=np.int64)
-    first = np.empty(codes.size, dtype=np.int64)
-    inverse = np.empty(codes.size, dtype=np.int64)
-    u = -1
-    for i in range(codes.size):
-        j = order[i]
-        if u < 0 or codes[j] != unique[u]:
-            u += 1
-            unique[u] = codes[j]
-            first[u] = j
-        inverse[j] = u
-    return unique[:u + 1].copy(), first[:u + 1].copy(), inverse
+def _template_look_up(row_p, row_c, classes, templates, row_bits):
+    """The templates of M new pairs of group fragments, given their layouts' rows (``row_p``, ``row_c`` [M], -1:
+    none) and their classes ([M], -1: none): (fragment [M] of each pair whose template ``templates`` holds, -1
+    for the others; the positions of the pairs to build, ascending: those without a template and the first
+    pair of each new one, its *leader*; leader [M], the leader of each pair of a new template, -1 for the
+    others; code [M] of each template, -1 without)."""
+    m = row_p.size
+    out = np.full(m, -1, dtype=np.int64)
+    leader = np.full(m, -1, dtype=np.int64)
+    codes = np.full(m, -1, dtype=np.int64)
+    new = np.empty(m, dtype=np.int64)  # the pairs of new templates, ascending
+    num_new = 0
+    for i in range(m):
+        if row_p[i] >= 0 and row_c[i] >= 0 and classes[i] >= 0:
+            codes[i] = (classes[i] << (2 * row_bits)) | (row_p[i] << row_bits) | row_c[i]
+            out[i] = templates.get(codes[i], -1)
+            if out[i] < 0:
+                new[num_new] = i
+                num_new += 1
+    order = np.argsort(codes[new[:num_new]], kind="mergesort")  # stable: a run of one code starts at its leader
+    for k in range(num_new):
+        i = new[order[k]]
+        if k == 0 or codes[i] != codes[new[order[k - 1]]]:
+            first = i
+        leader[i] = first
+    build = np.empty(m, dtype=np.int64)
+    num_build = 0
+    for i in range(m):
+        if codes[i] < 0 or leader[i] == i:
+            build[num_build] = i
+            num_build += 1
+    return out, build[:num_build].copy(), leader, codes
 
 
 @jit
