@@ -437,11 +437,6 @@ class _Skeletons(_Columns):
             return
         q, self.queue, self.queued = self.queue, _skeleton_queue(), []
 
-        def ptr(name: str) -> np.ndarray:  # [S+1] CSR bounds from the lengths ``q[name]``
-            out = np.zeros(len(queued) + 1, dtype=np.int64)
-            np.cumsum(ints(name), out=out[1:])
-            return out
-
         def ints(name: str) -> np.ndarray:
             return np.frombuffer(q[name], dtype=np.int64)
 
@@ -451,22 +446,22 @@ class _Skeletons(_Columns):
         def flags(name: str) -> np.ndarray:
             return np.frombuffer(q[name], dtype=np.bool_)
 
-        (transfers, src, dst, stage, parts, part_category, part_fraction, local, collective_ptr, collective_category,
-         collective_ps) = _make_skeletons(
-            ptr("categories"), ints("cat_class"), ints("cat_demand"), ptr("holders"), ints("hold_device"),
-            floats("hold_lo"), floats("hold_hi"), flags("p_split"), ptr("targets"), ints("target_device"),
-            flags("c_split"), ptr("c_devices"), ints("c_device"), floats("c_lo"), floats("c_hi"), flags("c_ps"), beta,
-            self.num_devices)
         size = self.size
+        (first_transfer, transfers, src, dst, stage, first_part, parts, part_category, part_fraction, local, coll_first,
+         colls, collective_category, collective_ps) = _make_skeletons(
+            ints("categories"), ints("cat_class"), ints("cat_demand"), ints("holders"), ints("hold_device"),
+            floats("hold_lo"), floats("hold_hi"), flags("p_split"), ints("targets"), ints("target_device"),
+            flags("c_split"), ints("c_devices"), ints("c_device"), floats("c_lo"), floats("c_hi"), flags("c_ps"), beta,
+            self.num_devices, size["transfer"], size["part"], size["coll"])
         s = len(queued)
-        colls = collective_ptr[1:] - collective_ptr[:-1]
         holders = np.zeros(s, dtype=np.int64)
         helds = np.zeros(s, dtype=np.int64)
         ring = np.zeros((2, s))  # bandwidth, latency
         holder_device, server_latency, server_inverse, held_res = [], [], [], []
         for i in np.flatnonzero(colls).tolist():  # the plans of the skeletons with collectives
             devices = queued[i]
-            ps = collective_ps[collective_ptr[i]:collective_ptr[i + 1]]
+            j = coll_first[i] - size["coll"]
+            ps = collective_ps[j:j + colls[i]]
             holders[i] = len(devices)
             holder_device += devices
             if not ps.all():
@@ -478,11 +473,9 @@ class _Skeletons(_Columns):
             resources = collective_resources(context, devices)
             helds[i] = len(resources)
             held_res += resources
-        self.extend({"first_transfer": size["transfer"] + np.cumsum(transfers) - transfers, "transfers": transfers,
-                     "src": src, "dst": dst, "stage": stage,
-                     "first_part": size["part"] + np.cumsum(parts) - parts, "parts": parts,
-                     "part_category": part_category, "part_fraction": part_fraction, "local": local,
-                     "coll_first": size["coll"] + collective_ptr[:-1], "colls": colls,
+        self.extend({"first_transfer": first_transfer, "transfers": transfers, "src": src, "dst": dst, "stage": stage,
+                     "first_part": first_part, "parts": parts, "part_category": part_category,
+                     "part_fraction": part_fraction, "local": local, "coll_first": coll_first, "colls": colls,
                      "holder_first": size["holder"] + np.cumsum(holders) - holders, "holders": holders,
                      "held_first": size["held"] + np.cumsum(helds) - helds, "helds": helds,
                      "ring_bandwidth": ring[0], "ring_latency": ring[1], "coll_category": collective_category,
@@ -2004,21 +1997,24 @@ def _template_look_up(row_p, row_c, classes, templates, row_bits):
 
 
 @jit
-def _make_skeletons(cat_ptr, cat_class, cat_demand, hold_ptr, hold_device, hold_lo, hold_hi, p_split, target_ptr,
-                    target_device, c_split, c_ptr, c_device, c_lo, c_hi, c_ps, beta, num_devices):
+def _make_skeletons(categories, cat_class, cat_demand, holders, hold_device, hold_lo, hold_hi, p_split, targets,
+                    target_device, c_split, c_devices, c_device, c_lo, c_hi, c_ps, beta, num_devices, transfer0, part0,
+                    coll0):
     """The skeletons ``_Compiler._make_skeleton`` makes, for S bundles between pairs of layouts, its rules and
-    float operations in its order: skeleton s has the categories (class, demand) ``cat_ptr[s]:cat_ptr[s + 1]``,
-    the producer's holders (devices, rows lo and hi in order) ``hold_ptr[s]:...``, split by rows if
-    ``p_split[s]``; the consumer devices (targets) ``target_ptr[s]:...``; the consumer layout's devices with
-    their rows ``c_ptr[s]:...``, split by rows if ``c_split[s]``, synced by PS if ``c_ps[s]``; ``beta`` [D, D]
-    the bandwidths that choose a whole copy's source. Returns (transfers [S]; per transfer, one skeleton after
-    another, src, dst, stage and parts; per part (a contribution: category index, fraction of its bytes; a
+    float operations in its order: skeleton s has ``categories[s]`` categories (class, demand), then
+    ``holders[s]`` producer holders (devices, rows lo and hi in order), split by rows if ``p_split[s]``,
+    ``targets[s]`` consumer devices (targets), and ``c_devices[s]`` devices of the consumer layout with their rows,
+    split by rows if ``c_split[s]``, synced by PS if ``c_ps[s]``, each column one skeleton after another;
+    ``beta`` [D, D] the bandwidths that choose a whole copy's source. Returns (per skeleton its first transfer
+    (numbered from ``transfer0``) and transfers [S]; per transfer, one skeleton after another, src, dst, stage,
+    first part (from ``part0``) and parts; per part (a contribution: category index, fraction of its bytes; a
     transfer's counted categories are its parts') part_category, part_fraction; local [S * D] (the consumer
-    devices reading the producer's own copy); collective_ptr [S+1], and per collective its category and
-    whether it is a PS sync). Transfers come in the order of their first contribution, stage 1 before stage 2
-    (AddN forwards), each one's parts in the order made."""
+    devices reading the producer's own copy); per skeleton its first collective (from ``coll0``) and
+    collectives [S], and per collective its category and whether it is a PS sync). Transfers come in the order
+    of their first contribution, stage 1 before stage 2 (AddN forwards), each one's parts in the order made."""
     num = p_split.size
     d = num_devices
+    cat_ptr, hold_ptr, target_ptr, c_ptr = _ptr(categories), _ptr(holders), _ptr(targets), _ptr(c_devices)
     bound = 0  # contributions of one skeleton at most, and of all of them
     largest = 1
     for s in range(num):
@@ -2175,9 +2171,30 @@ def _make_skeletons(cat_ptr, cat_class, cat_demand, hold_ptr, hold_device, hold_
             held[hold_device[j]] = False
         for j in range(c0, c1):
             c_index[c_device[j]] = -1
-    return (transfers, src[:n_out].copy(), dst[:n_out].copy(), stage[:n_out].copy(), parts[:n_out].copy(),
-            part_category[:n_parts].copy(), part_fraction[:n_parts].copy(), local, collective_ptr,
-            collective_category[:n_coll].copy(), collective_ps[:n_coll].copy())
+    first_transfer = np.empty(num, dtype=np.int64)
+    colls = np.empty(num, dtype=np.int64)
+    at = transfer0
+    for s in range(num):
+        first_transfer[s] = at
+        at += transfers[s]
+        colls[s] = collective_ptr[s + 1] - collective_ptr[s]
+    first_part = np.empty(n_out, dtype=np.int64)
+    at = part0
+    for i in range(n_out):
+        first_part[i] = at
+        at += parts[i]
+    return (first_transfer, transfers, src[:n_out].copy(), dst[:n_out].copy(), stage[:n_out].copy(), first_part,
+            parts[:n_out].copy(), part_category[:n_parts].copy(), part_fraction[:n_parts].copy(), local,
+            coll0 + collective_ptr[:num], colls, collective_category[:n_coll].copy(), collective_ps[:n_coll].copy())
+
+
+@jit
+def _ptr(counts):
+    """[n+1] CSR bounds of ``counts`` [n] rows one after another."""
+    ptr = np.zeros(counts.size + 1, dtype=np.int64)
+    for i in range(counts.size):
+        ptr[i + 1] = ptr[i] + counts[i]
+    return ptr
 
 
 @jit
