@@ -102,6 +102,8 @@ def test_show_graph_file_and_pipedream(capsys, tmp_path):
     path = tmp_path / "g.json.gz"
     save_graph(make_graph([(0, 1)], role=[0, 1]), path)
     assert run_json(capsys, "show", str(path))["ops"]["forward"] == 1
+    if not PIPEDREAM.is_dir():  # the measured profiles live in shared/, beside the repository
+        pytest.skip(f"no PipeDream profiles at {PIPEDREAM}")
     payload = run_json(capsys, "show", str(PIPEDREAM / "vgg16.graph.txt"))
     assert payload["ops"]["backward"] > 0 and payload["parameters"] > 100e6
 
