@@ -148,7 +148,6 @@ class _Columns:
         self.size = dict.fromkeys(sorted({table for _, table in specs.values()}), 0)  # table -> rows
         self.capacity = dict.fromkeys(self.size, capacity)  # table -> rows its columns hold
         self.columns = {name: np.zeros(capacity, dtype=dtype) for name, (dtype, _) in specs.items()}
-        self._views: dict[tuple[str, ...], tuple] = {}  # names -> their views (views()), until the next append
         self._whole: dict[tuple[str, ...], tuple] = {}  # names -> their arrays (whole()), until one is reallocated
 
     def extend(self, rows: dict[str, Any], counts: dict[str, int]) -> dict[str, int]:
@@ -172,18 +171,12 @@ class _Columns:
             if values is not None:
                 table = self.specs[name][1]
                 self.columns[name][first[table]:self.size[table]] = values
-        self._views.clear()
         return first
 
     def view(self, name: str) -> np.ndarray:
-        return self.columns[name][:self.size[self.specs[name][1]]]
-
-    def views(self, names: tuple[str, ...]) -> tuple:
-        """The views of the rows in use of the columns ``names``, kept until the next append."""
-        found = self._views.get(names)
-        if found is None:
-            found = self._views[names] = tuple(self.view(name) for name in names)
-        return found
+        """The rows in use of column ``name``."""
+        column = self.column(name)
+        return column[:self.size[self.specs[name][1]]] if name in self.specs else column
 
     def whole(self, names: tuple[str, ...]) -> tuple:
         """The columns ``names`` whole, rows past those in use included, kept until one of them moves to a
@@ -222,11 +215,6 @@ class _Arena(_Columns):
         # queued entries of one or more fragments of rows: (rows, blocks [F, 4], early own tasks [F], rows per
         # table [F, 5], the first one's id)
         self.pending: list[tuple[dict, Any, Any, Any, int]] = []
-
-    def view(self, name: str) -> np.ndarray:
-        if name not in self.columns and name in self._LAGS:
-            return np.empty(0, dtype=np.float64)
-        return super().view(name)
 
     def column(self, name: str) -> np.ndarray:
         if name not in self.columns and name in self._LAGS:
@@ -651,7 +639,6 @@ class StrategyEvaluator:
         self._sizes_bytes = self._sizes.astype(np.int64).tobytes()  # what _check compares a strategy's sizes to
         self._capacity = cluster.memory_bytes()  # [D], every result's memory_capacity (read-only: shared)
         self._capacity.setflags(write=False)
-        self._num_device_groups = cluster.num_device_groups
         m = cluster.num_device_groups
         # [M] a placement row -> its bits, where a group's key (_group_keys) fits in an int64 (None: keys interned)
         wide = (1 << m) * len(OPTIONS) * len(BATCH_SPLITS) * group_graph.num_groups >= 1 << 63
@@ -1073,7 +1060,7 @@ class StrategyEvaluator:
             [(static.first, static.first + static.unit.size, found[1],
               static.bundles[0].consumer_group if static.bundles else -1) for static, found in prepared],
             dtype=np.int64).T.copy()
-        tasks, tensors = self._blocks.views(("tasks", "tensors"))
+        tasks, tensors = self._blocks.whole(("tasks", "tensors"))
         same = fragment_p == fragment_c  # a group's pair with itself (a group fragment is of one group)
         blocks = np.empty((fragment_p.size, 4), dtype=np.int64)  # P's tasks, C's (0: P's), P's tensors, C's
         blocks[:, 0], blocks[:, 1] = tasks[fragment_p], tasks[fragment_c]
@@ -1249,8 +1236,7 @@ class StrategyEvaluator:
                                                                   columns.link_dense, self.cluster.num_devices)
         return feedback_from_columns(self.cluster, self.group_graph.num_groups, columns.group, columns.kind,
                                      columns.duration, columns.res_ptr, columns.res, resource_kind, resource_a,
-                                     resource_b, succ_ptr, succ, succ_lag, start, finish, peak, by_predecessor=True,
-                                     num_device_groups=self._num_device_groups)
+                                     resource_b, succ_ptr, succ, succ_lag, start, finish, peak, by_predecessor=True)
 
 
 def _implied_edges(num_nodes: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

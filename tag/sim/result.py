@@ -114,13 +114,12 @@ def feedback_from_columns(cluster: Cluster, num_groups: int, group: np.ndarray, 
                           duration: np.ndarray, res_ptr: np.ndarray, res: np.ndarray, resource_kind: np.ndarray,
                           resource_a: np.ndarray, resource_b: np.ndarray, edge_ptr: np.ndarray, edge_end: np.ndarray,
                           edge_lag: np.ndarray, start: np.ndarray, finish: np.ndarray, peak_memory: np.ndarray, *,
-                          by_predecessor: bool, num_device_groups: int | None = None) -> Feedback:
+                          by_predecessor: bool) -> Feedback:
     """Table 1 feedback from the columns of a TaskGraph (see :class:`~tag.sim.taskgraph.TaskGraph`; T
     tasks, R resources) and a schedule; the dependencies as a CSR edge_ptr [T+1] / edge_end [E] of each
     task's successors (``by_predecessor``) or predecessors, met edge_lag [E] after the predecessor's start
     (empty: at its finish); a dependency listed twice counts once. The fast evaluator, which builds no
-    TaskGraph, calls it directly with its successor lists (:func:`~tag.sim.kernels.successor_lists`) and the
-    cluster's ``num_device_groups``, which it keeps."""
+    TaskGraph, calls it directly with its successor lists (:func:`~tag.sim.kernels.successor_lists`)."""
     d = cluster.num_devices
     makespan = float(finish.max()) if len(finish) else 0.0
     first, last, total, count, resource_busy = feedback_sums(num_groups, len(resource_kind), group, kind, duration,
@@ -129,8 +128,7 @@ def feedback_from_columns(cluster: Cluster, num_groups: int, group: np.ndarray, 
     (group_makespan, group_output_idle, resource_idle, link_idle, nic_out_idle, nic_in_idle, group_peak,
      device_group_idle, device_group_link_idle) = feedback_tables(
         first, last, total, count, resource_busy, makespan, resource_kind, resource_a, resource_b,
-        cluster.device_group, cluster.num_device_groups if num_device_groups is None else num_device_groups,
-        peak_memory)
+        cluster.device_group, cluster.num_device_groups, peak_memory)
     return Feedback(
         group_makespan=group_makespan,
         group_output_idle=group_output_idle,
