@@ -64,8 +64,9 @@ batch-row checker — holds for this one (tests/test_compiler.py).
 Cost (BERT-Large, 60 groups, tag-testbed's 16 GPUs, one core; ``scripts/bench_sim.py``): a strategy whose
 fragments are all cached costs the kernels alone, about 1.0 ms at group granularity (about 12 k tasks,
 24 k dependencies: list scheduling 0.35 ms, assembly 0.22, memory 0.18, feedback 0.12), 0.7 ms merged and
-0.2 ms at part granularity (warm passes of the table at 6e565a8); a real search's first evaluation of a strategy (17.6 new group fragments, 53.6
-new pairs of them served by 21.0 new pair fragments, on average) 1.6–1.8 ms at group granularity; the
+0.2 ms at part granularity (warm passes of the table at 6e565a8); a real search's first evaluation of a
+strategy (17.6 new group fragments, 53.6 new pairs of them served by 21.0 new pair fragments, on average)
+1.6–1.8 ms at group granularity; the
 one all-model-parallel strategy of a recorded search 73–85 ms (METIS and the pieces' bundles, in
 Python, once per group and device-type sequence).
 Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not available here.
