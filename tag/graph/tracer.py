@@ -27,7 +27,9 @@ What the OpGraph holds (one op per aten call, placeholders included):
   ``{"expr": {"target", "args", "kwargs"}}`` for a folded view; constants as JSON, dtypes, devices,
   layouts and memory formats as ``{"dtype": "torch.float32"}`` etc., non-finite floats as
   ``{"float": "inf"}``; inputs as ``{"target": "placeholder", "name", "kind", "shape", "dtype"}`` and
-  captured tensor constants as ``"get_attr"`` with their ``value`` when small;
+  captured tensor constants as ``"get_attr"`` with their ``value`` when small; with
+  ``output_specs=True`` a call's record also has ``"outputs"``: ``[shape, dtype]`` of each tensor it
+  returns (``None`` for a non-tensor), what an executor needs to receive a tensor it did not compute;
 - ``meta["outputs"]``: references to the loss, gradients, updated parameters, optimizer states and
   buffers; ``meta["flops_registry"]``/``["flops_fallback"]``, ``["flop_fallback_ops"]``,
   ``["split_sources"]``, ``["split_fallback_ops"]``, ``["trace_seconds"]`` say how the columns were made.
@@ -331,6 +333,12 @@ def _json_constant(value: Any) -> Any:
 CONSTANT_VALUE_LIMIT = 4096  # elements: larger tensor constants are recorded by shape only
 
 
+def _output_specs(value: Any) -> list:
+    """``[[shape, dtype], ...]`` of the tensors an op returns (one entry for a single tensor)."""
+    values = value if isinstance(value, (tuple, list)) else [value]
+    return [[list(v.shape), str(v.dtype)] if isinstance(v, torch.Tensor) else None for v in values]
+
+
 def _constant_value(module: torch.nn.Module, target: str) -> dict[str, Any]:
     """The value of a tensor constant the trace captured (``get_attr``), when it is small and real."""
     value = getattr(module, target, None)
@@ -468,8 +476,10 @@ class _Traced:
 class _Builder:
     """Folds views into their consumers and writes the OpGraph columns."""
 
-    def __init__(self, traced: _Traced, roles: list[int], sharding: list[OpResult], fold_views: bool) -> None:
+    def __init__(self, traced: _Traced, roles: list[int], sharding: list[OpResult], fold_views: bool,
+                 output_specs: bool = False) -> None:
         self.traced = traced
+        self.output_specs = output_specs
         self.roles = roles
         self.sharding = sharding
         nodes = traced.nodes
@@ -590,7 +600,10 @@ class _Builder:
     def add_call(self, k: int, node: torch.fx.Node) -> None:
         self.names.append(node.name)
         self.kinds.append("getitem" if node.target is operator.getitem else str(node.target))
-        self.args.append(self.call_record(node))
+        record = self.call_record(node)
+        if self.output_specs:
+            record["outputs"] = _output_specs(node.meta.get("val"))
+        self.args.append(record)
         inputs: dict[tuple[int, int], float] = {}  # (producer, output) -> bytes read
         for parent in node.all_input_nodes:
             for op, out, size, scaled in self._call_reads(node, parent):
@@ -704,14 +717,16 @@ def _check_loss(traced: _Traced) -> None:
 
 
 def trace(model: nn.Module, example_inputs: tuple, loss_fn: LossFn, *, name: str = "model", optimizer: str = "adam",
-          split_classes: bool = True, fold_views: bool = True, progress: Any = None) -> OpGraph:
+          split_classes: bool = True, fold_views: bool = True, output_specs: bool = False,
+          progress: Any = None) -> OpGraph:
     """The OpGraph of one training step of ``model`` (forward, backward, optimizer) at aten level.
 
     ``example_inputs``: tensors with the batch in dim 0 (their values are never read; ``meta`` works);
     ``loss_fn(model(*example_inputs))`` must be a scalar. ``optimizer``: "adam" or "sgd".
     ``split_classes``: run the DTensor split-class analysis (else every op is ``none`` and batch
     scaling follows reachability from the inputs). ``fold_views``: fold zero-cost views, aliases and
-    single-use getitems into their consumers. ``progress``: ``fn(phase, completed, total)`` or a rich
+    single-use getitems into their consumers. ``output_specs``: record each call's output shapes and dtypes
+    in its argument record (for :mod:`tag.execute`). ``progress``: ``fn(phase, completed, total)`` or a rich
     ``Progress``. ModelError if the model cannot be traced.
     """
     example_inputs = _check_arguments(model, example_inputs, loss_fn, optimizer, name)
@@ -729,7 +744,7 @@ def trace(model: nn.Module, example_inputs: tuple, loss_fn: LossFn, *, name: str
     with report.phase("analysis"):
         sharding = _analyse(traced, roles, step, report) if split_classes else traced.reachability_split(roles)
     with report.phase("flops"):
-        builder = _Builder(traced, roles, sharding, fold_views)
+        builder = _Builder(traced, roles, sharding, fold_views, output_specs)
         params = {id(p): p for p in model.parameters()}
         dtype_bytes = next((p.element_size() for p in params.values() if p.dtype.is_floating_point), 4)
         meta = {

@@ -1,0 +1,261 @@
+"""Start the ranks of a plan on this host (gloo or NCCL over TCP) and collect what they report.
+
+Two ways to start them: :func:`run_ranks` spawns one fresh process per rank and ends them afterwards;
+a :class:`WorkerPool` keeps processes alive between runs (each run joins a new process group on a new
+port), which is what the tests share to keep start-up cheap. Either way a rank that raises, dies or
+times out stops the run: the others are ended and :class:`~tag.execute.lower.ExecutionError` names the
+rank and what it was doing. Results come back through files (``torch.save``, loaded with
+``weights_only=True``), not through queues, which race with a worker's exit.
+
+For several hosts, :func:`main` is the entry point ``torchrun`` starts on each node
+(``python -m tag.execute.launch PROGRAMS.pt``): it reads the rank programs written by
+``tag run --export`` and runs the rank ``torchrun`` gives it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import queue
+import socket
+import tempfile
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+
+from tag.execute.lower import ExecutionError, RankProgram
+
+__all__ = ["run_ranks", "WorkerPool", "free_port", "check_port", "DEFAULT_TIMEOUT_S"]
+
+DEFAULT_TIMEOUT_S = 120.0  # a collective or receive that waits longer fails the run
+_POLL_S = 0.05
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def check_port(port: int) -> None:
+    """ExecutionError when ``port`` cannot be bound on this host (in use, or not a port)."""
+    if not 1 <= port <= 65535:
+        raise ExecutionError(f"--port {port} is not a TCP port (1-65535)")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise ExecutionError(f"port {port} is in use on this host; give another --port or leave it out") from None
+
+
+def _run_rank(rank: int, world: int, port: int, backend: str, program: RankProgram, tensors: dict, steps: int,
+              timeout_s: float, out_dir: str, faults: dict | None = None) -> None:
+    """Body of one rank: join the group, run ``steps`` steps, write results or the error to ``out_dir``."""
+    import torch.distributed as dist
+
+    from tag.execute.runtime import RankRuntime, timed_steps
+
+    torch.set_num_threads(1)
+    runtime = None
+    try:
+        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
+                                timeout=datetime.timedelta(seconds=timeout_s))
+        try:
+            runtime = RankRuntime(program, tensors)
+            _inject(faults, rank, runtime)
+            results, times = timed_steps(runtime, steps)
+            torch.save({"rank": rank, "results": results, "times": times}, Path(out_dir) / f"rank{rank}.pt")
+        finally:
+            dist.destroy_process_group()
+    except BaseException as error:  # noqa: BLE001 - every failure is reported to the launcher
+        where = runtime.describe() if runtime is not None else "start-up"
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        message = f"rank {rank} failed at {where}: {type(error).__name__}: {first}"[:2000]
+        (Path(out_dir) / f"rank{rank}.error").write_text(message + "\n" + traceback.format_exc()[-4000:])
+        if isinstance(error, KeyboardInterrupt):
+            raise
+
+
+def _inject(faults: dict | None, rank: int, runtime) -> None:
+    """Test hook: make ``rank`` raise or die at its first compute of op ``faults['op']``."""
+    if not faults or faults.get("rank") != rank:
+        return
+    from tag.execute.lower import Compute
+
+    original = runtime._compute
+
+    def faulty(c: Compute) -> None:
+        if c.op == faults["op"]:
+            if faults.get("how") == "die":
+                os._exit(17)
+            raise RuntimeError(f"injected fault at op {c.op}")
+        original(c)
+
+    runtime._compute = faulty
+
+
+def _collect(out_dir: Path, world: int) -> list[dict]:
+    results = []
+    for rank in range(world):
+        path = out_dir / f"rank{rank}.pt"
+        results.append(torch.load(path, weights_only=True))
+    return results
+
+
+def _first_error(out_dir: Path) -> str | None:
+    errors = sorted(out_dir.glob("rank*.error"))
+    if not errors:
+        return None
+    return errors[0].read_text().splitlines()[0]
+
+
+def run_ranks(programs: list[RankProgram], tensors: dict, *, steps: int = 1, backend: str = "gloo",
+              port: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, faults: dict | None = None) -> list[dict]:
+    """Spawn one process per rank program, run ``steps`` steps, return each rank's report."""
+    world = len(programs)
+    port = free_port() if port is None else port
+    context = mp.get_context("spawn")
+    with tempfile.TemporaryDirectory(prefix="tag-run-") as out:
+        processes = [context.Process(target=_run_rank, daemon=True,
+                                     args=(r, world, port, backend, programs[r], tensors, steps, timeout_s, out, faults))
+                     for r in range(world)]
+        for p in processes:
+            p.start()
+        _wait(processes, Path(out), world, timeout_s)
+        return _collect(Path(out), world)
+
+
+def _wait(processes: list, out: Path, world: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s * 2 + 60
+    try:
+        while True:
+            if all(not p.is_alive() for p in processes):
+                break
+            error = _first_error(out)
+            dead = [r for r, p in enumerate(processes) if not p.is_alive() and p.exitcode not in (0, None)]
+            if error is not None or dead or time.monotonic() > deadline:
+                time.sleep(0.5)  # let the other ranks write what they saw
+                break
+            time.sleep(_POLL_S)
+    finally:
+        for p in processes:
+            if p.is_alive():
+                p.terminate()
+        for p in processes:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    _raise_failure(out, world, {r: p.exitcode for r, p in enumerate(processes)})
+
+
+def _raise_failure(out: Path, world: int, exitcodes: dict[int, Any]) -> None:
+    missing = [r for r in range(world) if not (out / f"rank{r}.pt").exists()]
+    if not missing:
+        return
+    died = [r for r in missing if exitcodes.get(r) not in (0, None) and not (out / f"rank{r}.error").exists()]
+    if died:  # a rank that died is the cause; the others only saw their peer vanish
+        raise ExecutionError(f"rank {died[0]} died (exit status {exitcodes[died[0]]}) before it finished")
+    error = _first_error(out)
+    if error is not None:
+        raise ExecutionError(error)
+    rank = missing[0]
+    code = exitcodes.get(rank)
+    if code not in (0, None):
+        raise ExecutionError(f"rank {rank} died (exit status {code}) before it finished")
+    raise ExecutionError(f"rank {rank} did not finish in time")
+
+
+# ---------------------------------------------------------------------------------------------- pool
+def _pool_worker(index: int, jobs, replies) -> None:
+    while True:
+        job = jobs.get()
+        if job is None:
+            return
+        _run_rank(index, *job)
+        replies.put(index)
+
+
+class WorkerPool:
+    """``size`` processes kept alive for many runs (imports and start-up paid once)."""
+
+    def __init__(self, size: int) -> None:
+        context = mp.get_context("spawn")
+        self.size = size
+        self.jobs = [context.Queue() for _ in range(size)]
+        self.replies = context.Queue()
+        self.processes = [context.Process(target=_pool_worker, args=(i, self.jobs[i], self.replies), daemon=True)
+                          for i in range(size)]
+        for p in self.processes:
+            p.start()
+
+    def run(self, programs: list[RankProgram], tensors: dict, *, steps: int = 1, backend: str = "gloo",
+            timeout_s: float = DEFAULT_TIMEOUT_S, faults: dict | None = None) -> list[dict]:
+        world = len(programs)
+        if world > self.size:
+            raise ExecutionError(f"the plan has {world} ranks; this pool has {self.size} processes")
+        self._revive()
+        port = free_port()
+        with tempfile.TemporaryDirectory(prefix="tag-run-") as out:
+            for r in range(world):
+                self.jobs[r].put((world, port, backend, programs[r], tensors, steps, timeout_s, out, faults))
+            done: set[int] = set()
+            codes: dict[int, Any] = {}
+            deadline = time.monotonic() + timeout_s * 2 + 60
+            while len(done) < world:
+                try:
+                    done.add(self.replies.get(timeout=_POLL_S))
+                except queue.Empty:
+                    pass
+                failed = _first_error(Path(out)) is not None
+                dead = [r for r in range(world) if not self.processes[r].is_alive()]
+                if (failed or dead or time.monotonic() > deadline) and len(done) < world:
+                    time.sleep(0.5)
+                    codes = {r: self.processes[r].exitcode for r in range(world)}
+                    self._restart([r for r in range(world) if r not in done])
+                    break
+            _raise_failure(Path(out), world, codes)
+            return _collect(Path(out), world)
+
+    def _restart(self, indices: list[int]) -> None:
+        """End workers stuck in a failed run and start fresh ones in their place."""
+        for i in indices:
+            if self.processes[i].is_alive():
+                self.processes[i].kill()
+            self.processes[i].join(5)
+        self._drain()
+        self._revive()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                self.replies.get_nowait()
+            except queue.Empty:
+                return
+
+    def _revive(self) -> None:
+        context = mp.get_context("spawn")
+        for i, p in enumerate(self.processes):
+            if not p.is_alive():
+                self.jobs[i] = context.Queue()
+                self.processes[i] = context.Process(target=_pool_worker, args=(i, self.jobs[i], self.replies),
+                                                    daemon=True)
+                self.processes[i].start()
+
+    def close(self) -> None:
+        for q, p in zip(self.jobs, self.processes):
+            if p.is_alive():
+                q.put(None)
+        for p in self.processes:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+
+    def __enter__(self) -> WorkerPool:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

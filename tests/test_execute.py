@@ -1,0 +1,193 @@
+"""Executed plans against the single-device step (gloo on the CPU, at most 4 processes, one shared pool)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from tag.cluster.build import Machine, build_cluster
+from tag.compiler.compile import compile_strategy
+from tag.execute import ExecutionError, WorkerPool, lower_plan, run_strategy, zoo_program
+from tag.execute.program import batch_coupled_ops, build_program
+from tag.grouping import GroupGraph, group_ops
+from tag.strategy import Strategy
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(4) as workers:
+        yield workers
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return zoo_program("gpt2", tiny=True, batch_size=6)
+
+
+@pytest.fixture(scope="module")
+def uno():
+    return zoo_program("candle-uno", tiny=True, batch_size=6)
+
+
+def toy_cluster(n: int, gpus: tuple[str, ...] | None = None):
+    """``n`` single-GPU machines: every device is a device group of its own."""
+    gpus = gpus or ("v100-16gb",) * n
+    return build_cluster("toy", [Machine(g, 1) for g in gpus], network_bandwidth=1e9)
+
+
+def assert_equal_to_one_device(result):
+    check = result.check
+    assert check["applies"]
+    for part in ("loss", "grads", "params"):
+        assert check[part]["rel"] <= TOLERANCE, (part, check[part])
+    assert check["passed"]
+
+
+def run(program, group_graph, strategy, cluster, pool, **options):
+    result = run_strategy(program, group_graph, strategy, cluster, steps=2, check=True, pool=pool, **options)
+    assert len(result.losses) == 2 and result.losses[1] < result.losses[0]  # Adam moved downhill
+    return result
+
+
+# ---------------------------------------------------------------------------------------------- data parallel
+@pytest.mark.parametrize("option", ["allreduce", "ps"])
+def test_data_parallel_even(gpt2, pool, option):
+    cluster = toy_cluster(2)
+    gg = group_ops(gpt2.graph, num_groups=4, gpus=cluster)
+    result = run(gpt2, gg, Strategy.data_parallel(gg.num_groups, cluster, option=option), cluster, pool)
+    assert_equal_to_one_device(result)
+    assert result.summary()["collectives"] > 0 and result.summary()["transfers"] == 0
+
+
+def test_data_parallel_uneven_split_by_speed(uno, pool):
+    """V100 and T4 split 6 rows by peak FLOP/s: 5 and 1 (the loss is scaled by each replica's share)."""
+    cluster = toy_cluster(2, ("v100-16gb", "t4"))
+    gg = group_ops(uno.graph, num_groups=4, gpus=cluster)
+    strategy = Strategy.data_parallel(gg.num_groups, cluster, batch_split="speed")
+    compiled = compile_strategy(gg, strategy, cluster, granularity="op")
+    rows = [compiled.layouts[0].hi[r] - compiled.layouts[0].lo[r] for r in range(2)]
+    assert round(rows[0] * 6) != round(rows[1] * 6)
+    assert_equal_to_one_device(run(uno, gg, strategy, cluster, pool))
+
+
+def test_uneven_rows_of_an_even_split(uno, pool):
+    """Batch 6 over 4 replicas: 1.5 rows each, rounded at whole rows (2, 1, 1, 2) that still tile the batch."""
+    cluster = toy_cluster(4)
+    gg = group_ops(uno.graph, num_groups=4, gpus=cluster)
+    result = run(uno, gg, Strategy.data_parallel(gg.num_groups, cluster), cluster, pool)
+    assert_equal_to_one_device(result)
+    assert {1, 2} <= set(uno.records)
+
+
+# ---------------------------------------------------------------------------------------------- other options
+def test_duplicate_groups_compute_the_whole_batch(uno, pool):
+    cluster = toy_cluster(2)
+    gg = group_ops(uno.graph, num_groups=4, gpus=cluster)
+    strategy = Strategy.data_parallel(gg.num_groups, cluster, option="duplicate")
+    assert_equal_to_one_device(run(uno, gg, strategy, cluster, pool))
+
+
+def test_model_parallel_group(gpt2, pool):
+    cluster = toy_cluster(3)
+    gg = group_ops(gpt2.graph, num_groups=4, gpus=cluster)
+    placement = np.ones((gg.num_groups, 3), dtype=int)
+    options = ["allreduce"] * gg.num_groups
+    options[1] = "model_parallel"
+    result = run(gpt2, gg, Strategy.from_cluster(cluster, placement, options), cluster, pool)
+    assert_equal_to_one_device(result)
+    assert result.summary()["transfers"] > 0
+
+
+@pytest.mark.parametrize("model,seed", [("gpt2", 0), ("candle-uno", 1), ("dlrm", 2)])
+def test_metis_hybrid_six_groups_on_three_devices(model, seed, gpt2, uno, pool):
+    """Random masks and options over 6 METIS groups: every option next to every other, rows and partial sums
+    moved between replica sets of different sizes."""
+    program = {"gpt2": gpt2, "candle-uno": uno}.get(model) or zoo_program(model, tiny=True, batch_size=6)
+    cluster = toy_cluster(3)
+    gg = group_ops(program.graph, num_groups=6, gpus=cluster)
+    rng = np.random.default_rng(seed)
+    placement = rng.random((gg.num_groups, 3)) < 0.6
+    placement[~placement.any(axis=1), 0] = True
+    options = rng.integers(0, 4, gg.num_groups)
+    assert_equal_to_one_device(run(program, gg, Strategy.from_cluster(cluster, placement, options), cluster, pool))
+
+
+# ---------------------------------------------------------------------------------------------- plan = run
+def test_executed_communication_is_the_compiled_plans(gpt2):
+    """Every transfer and collective of the op-level TaskGraph is executed once, between the same devices,
+    with the plan's bytes (whole rows here, so no rounding). One exception, counted: the compiler charges a
+    use the largest of its edges, so a transfer carrying two outputs of a multi-output op (layer norm
+    backward's weight and bias gradients) moves more than the plan says."""
+    cluster = toy_cluster(3)
+    gg = group_ops(gpt2.graph, num_groups=6, gpus=cluster)
+    strategy = Strategy.from_cluster(cluster, [[1, 1, 0], [0, 1, 1], [1, 0, 1], [1, 1, 1], [0, 0, 1], [1, 1, 1]],
+                                     ["allreduce", "ps", "model_parallel", "duplicate", "duplicate", "allreduce"])
+    compiled = compile_strategy(gg, strategy, cluster, granularity="op")
+    executed = {c[0]: c for rank in lower_plan(gpt2, compiled) for c in rank.communication()}
+    tg = compiled.taskgraph
+    planned = {}
+    for t in range(tg.num_tasks):
+        if tg.kind[t] == 1 and tg.nbytes[t] > 0:
+            planned[t] = ("transfer", (int(tg.device[t]), int(tg.peer[t])), int(round(tg.nbytes[t])))
+        elif tg.kind[t] == 2:
+            members = tuple(sorted(int(d) for d in tg.members(t)))
+            planned[t] = ("allreduce" if tg.collective[t] == 0 else "ps", members, int(round(tg.nbytes[t])))
+    assert sorted(executed) == sorted(planned)
+    several_outputs = 0
+    for t, (kind, endpoints, nbytes) in planned.items():
+        _, got_kind, got_endpoints, got_bytes, tensors = executed[t]
+        assert (got_kind, tuple(got_endpoints)) == (kind, endpoints)
+        if got_bytes != nbytes:
+            several_outputs += 1
+            assert tensors > 1 and got_bytes > nbytes
+    assert several_outputs <= 2
+    assert {c[1] for c in executed.values()} == {"transfer", "allreduce", "ps"}
+
+
+# ---------------------------------------------------------------------------------------------- refusals
+def test_batch_norm_and_dropout_are_named():
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.BatchNorm1d(4), torch.nn.Dropout(0.5),
+                                torch.nn.Linear(4, 1))
+    program = build_program(model, (torch.randn(4, 4),), lambda out: out.square().mean(), name="bn")
+    reasons = set(program.coupled.values())
+    assert reasons == {"batch statistics", "random numbers"}
+    assert batch_coupled_ops(program.graph) == program.coupled
+
+
+def test_batch_coupled_plan_is_refused_unless_allowed(pool):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8, track_running_stats=False),
+                                torch.nn.Linear(8, 1))
+    program = build_program(model, (torch.randn(4, 4),), lambda out: out.square().mean(), name="bn")
+    cluster = toy_cluster(2)
+    gg = GroupGraph.from_assignment(program.graph, np.zeros(program.graph.num_ops, dtype=np.int64), gpus=cluster)
+    strategy = Strategy.data_parallel(1, cluster)
+    with pytest.raises(ExecutionError, match="batch statistics.*--allow-batch-coupled"):
+        run_strategy(program, gg, strategy, cluster, pool=pool)
+    result = run_strategy(program, gg, strategy, cluster, steps=1, check=True, pool=pool, allow_batch_coupled=True)
+    assert not result.check["applies"] and "batch-coupled" in result.check["reason"]
+
+
+@pytest.mark.parametrize("how", ["raise", "die"])
+def test_a_failing_rank_stops_the_run_and_is_named(uno, pool, how):
+    cluster = toy_cluster(2)
+    gg = group_ops(uno.graph, num_groups=4, gpus=cluster)
+    strategy = Strategy.data_parallel(gg.num_groups, cluster)
+    op = next(i for i, k in enumerate(uno.graph.kinds) if k == "aten.addmm.default")
+    expected = "rank 1 failed at op" if how == "raise" else "rank 1 died"
+    with pytest.raises(ExecutionError, match=expected):
+        run_strategy(uno, gg, strategy, cluster, pool=pool, timeout_s=10, faults={"rank": 1, "op": op, "how": how})
+    # the pool recovers: the next run works
+    assert_equal_to_one_device(run(uno, gg, strategy, cluster, pool))
+
+
+def test_a_replica_without_rows_is_refused(uno):
+    cluster = toy_cluster(4)
+    program = zoo_program("candle-uno", tiny=True, batch_size=2)
+    gg = group_ops(program.graph, num_groups=4, gpus=cluster)
+    with pytest.raises(ExecutionError, match="no whole row"):
+        lower_plan(program, compile_strategy(gg, Strategy.data_parallel(gg.num_groups, cluster), cluster,
+                                             granularity="op"))
