@@ -844,7 +844,9 @@ def test_fast_path_agrees_with_reference():
                     if granularity == "group":
                         assert fast.feasible == reference.feasible
     # (within 3 %, median, 95th percentile, max) bounds, a little above what each achieves
-    bounds = {"group": (0.98, 0.0025, 0.025, 0.07), "merged": (0.95, 0.005, 0.035, 0.1)}
+    # Merged's median rose from 0.35 % to 0.59 % when getitems of a multi-output op's partial-sum outputs
+    # (layer norm's weight gradient) became partial-sum uses with their own collectives.
+    bounds = {"group": (0.98, 0.0025, 0.025, 0.07), "merged": (0.95, 0.0075, 0.035, 0.1)}
     for granularity, found in errors.items():
         found = np.abs(found)
         within, median, p95, worst = bounds[granularity]

@@ -353,19 +353,24 @@ def _uses(graph: OpGraph, assignment: np.ndarray, demand: np.ndarray):
     src, dst = graph.edge_src, graph.edge_dst
     group = assignment[dst]
     num_groups = int(assignment.max()) + 1
-    adds_partials = (graph.split[src] == SPLIT_SUM) & (graph.split[dst] == SPLIT_SUM)
-    key = ((src * num_groups + group) * 2 + adds_partials) * 2 + graph.edge_batch_scaled
+    # A multi-output op's class is its first output's; a getitem of one of its other outputs has that
+    # output's class (layer norm backward: grad input concat, weight gradient sum), so a sum-class getitem
+    # reads a partial sum however its producer is classed.
+    getitem = np.fromiter((k == "getitem" for k in graph.kinds), dtype=bool, count=graph.num_ops)
+    partial = (graph.split[src] == SPLIT_SUM) | (getitem[dst] & (graph.split[dst] == SPLIT_SUM))
+    adds_partials = partial & (graph.split[dst] == SPLIT_SUM)
+    key = (((src * num_groups + group) * 2 + adds_partials) * 2 + graph.edge_batch_scaled) * 2 + partial
     unique_keys, inverse = np.unique(key, return_inverse=True)
     q = unique_keys.size
-    producer = unique_keys // (4 * num_groups)
-    consumer_group = (unique_keys // 4) % num_groups
+    producer = unique_keys // (8 * num_groups)
+    consumer_group = (unique_keys // 8) % num_groups
     nbytes = np.zeros(q)
     np.maximum.at(nbytes, inverse, graph.edge_bytes)
     rows = np.zeros(q, dtype=bool)
     np.logical_or.at(rows, inverse, graph.edge_batch_scaled)
     need = np.zeros(q, dtype=np.int8)
     np.maximum.at(need, inverse, demand[dst])
-    pclass = np.where(rows, ROWS, np.where(graph.split[producer] == SPLIT_SUM, SUMS, FULL)).astype(np.int8)
+    pclass = np.where(rows, ROWS, np.where(unique_keys % 2 == 1, SUMS, FULL)).astype(np.int8)
     # each use's consumer ops, ascending, as CSR: (use, consumer) pairs sorted and deduplicated
     pairs = np.unique(inverse * graph.num_ops + dst)
     consumer_ptr = np.searchsorted(pairs // graph.num_ops, np.arange(q + 1))
