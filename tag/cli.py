@@ -818,6 +818,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_train_parser(sub)
 
+    from tag.execute.cli import add_run_parser  # torch is imported only when `tag run` runs
+
+    add_run_parser(sub)
+
     p = sub.add_parser("compare", help="every planner on one model and cluster through one simulator")
     _add_model(p)
     _add_cluster(p)

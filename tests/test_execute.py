@@ -191,3 +191,32 @@ def test_a_replica_without_rows_is_refused(uno):
     with pytest.raises(ExecutionError, match="no whole row"):
         lower_plan(program, compile_strategy(gg, Strategy.data_parallel(gg.num_groups, cluster), cluster,
                                              granularity="op"))
+
+
+# ---------------------------------------------------------------------------------------------- the command
+def test_tag_run_command_checks_a_plan_file(tmp_path, capsys):
+    """`tag run PLAN --check --json` on a plan file for the shipped toy cluster; bad input is one line, exit 2."""
+    import json
+    from pathlib import Path
+
+    from tag.cli import main
+    from tag.cluster import resolve_cluster
+    from tag.strategy import make_plan, save_plan
+
+    spec = str(Path(__file__).resolve().parents[1] / "examples" / "toy4.yaml")
+    cluster = resolve_cluster(spec)
+    program = zoo_program("candle-uno", tiny=True, batch_size=8)
+    gg = group_ops(program.graph, num_groups=4, gpus=cluster)
+    strategy = Strategy.from_cluster(cluster, [[1, 1, 0], [1, 1, 1], [0, 1, 1], [1, 0, 0]],
+                                     ["allreduce", "ps", "model_parallel", "duplicate"])
+    path = tmp_path / "plan.json"
+    save_plan(make_plan(strategy, program.graph, cluster, assignment=gg.assignment), path)
+    common = [str(path), "--model", "candle-uno", "--tiny", "--batch-size", "8", "--cluster", spec]
+    assert main(["run", *common, "--check", "--json", "--steps", "2"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["ranks"] == 4 and len(payload["losses"]) == 2 and payload["check"]["passed"]
+    for extra, message in ((["--nproc", "3"], "4 devices"), (["--batch-size", "6"], "was made for model"),):
+        args = [*common, *extra] if extra[0] != "--batch-size" else [*common[:4], *extra, *common[6:]]
+        assert main(["run", *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("tag: error:") and message in err[0], err

@@ -1,0 +1,128 @@
+"""`tag run PLAN.json --model MODEL --cluster CLUSTER`: run a placement plan on this host and check it."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from tag.errors import OutputError
+
+__all__ = ["add_run_parser", "cmd_run"]
+
+
+def _steps(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 1000, got {text!r}") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 1000, got {text!r}")
+    return value
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
+    if not 1 <= value <= 86400:
+        raise argparse.ArgumentTypeError(f"must be between 1 and 86400 seconds, got {text!r}")
+    return value
+
+
+def add_run_parser(sub) -> None:
+    p = sub.add_parser("run", help="run a plan on torch.distributed (one process per device) and check it "
+                                   "against the single-device step")
+    p.add_argument("plan", metavar="PLAN.json", help="a plan file from `tag plan --out`")
+    p.add_argument("--model", required=True, help="zoo name or MODULE:FUNCTION (the model the plan was made for)")
+    p.add_argument("--tiny", action="store_true", help="the zoo model's tiny variant")
+    p.add_argument("--batch-size", type=_steps, default=None, help="global batch size (default: the model's)")
+    p.add_argument("--cluster", required=True, help="the cluster the plan was made for (preset or spec file)")
+    p.add_argument("--nproc", type=_steps, help="processes to start (must be the plan's device count)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
+    p.add_argument("--steps", type=_steps, default=2, help="optimizer steps to run (default 2)")
+    p.add_argument("--check", action="store_true",
+                   help="compare loss, gradients and updated parameters with the single-device step")
+    p.add_argument("--allow-batch-coupled", action="store_true",
+                   help="run even if dropout or batch statistics make the split step differ")
+    p.add_argument("--port", type=int, help="TCP port of the process group (default: a free one)")
+    p.add_argument("--timeout", type=_seconds, default=120.0, help="seconds a rank may wait (default 120)")
+    p.add_argument("--seed", type=int, default=0, help="METIS seed, when the plan stores no grouping")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_run(args: argparse.Namespace) -> dict:
+    from tag.cli import _plan_group_graph, _plan_kind, _status
+    from tag.cluster import resolve_cluster
+    from tag.execute.launch import check_port
+    from tag.execute.lower import ExecutionError
+    from tag.execute.program import resolve_program
+    from tag.execute.run import run_strategy
+    from tag.strategy import load_plan
+
+    if _plan_kind(args.plan) == "pipeline":
+        raise ExecutionError(f"{args.plan}: pipeline plans do not run yet; `tag run` runs placement plans "
+                             "(`tag plan --out`)")
+    if args.backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise ExecutionError("--backend nccl needs CUDA devices; this host has none (use gloo)")
+        raise ExecutionError("--backend nccl: ranks run on the CPU in this version; use gloo")
+    if args.port is not None:
+        check_port(args.port)
+    cluster = resolve_cluster(args.cluster)
+    if args.nproc is not None and args.nproc != cluster.num_devices:
+        raise ExecutionError(f"--nproc {args.nproc}: the plan's cluster has {cluster.num_devices} devices, one "
+                             "process each")
+    with _status(sys.stderr.isatty(), "tracing the train step"):
+        program = resolve_program(args.model, tiny=args.tiny, batch_size=args.batch_size)
+    plan = load_plan(args.plan, graph=program.graph, cluster=cluster)
+    if plan.summary.get("sfb_groups"):
+        raise ExecutionError(f"{args.plan}: the plan broadcasts sufficient factors (SFB), which does not run yet; "
+                             "plan with --no-sfb")
+    group_graph = _plan_group_graph(plan, program.graph, cluster, argparse.Namespace(seed=args.seed,
+                                                                                     strategy=args.plan))
+    with _status(sys.stderr.isatty(), f"running {cluster.num_devices} ranks for {args.steps} step(s)"):
+        result = run_strategy(program, group_graph, plan.strategy, cluster, steps=args.steps, check=args.check,
+                              allow_batch_coupled=args.allow_batch_coupled, backend=args.backend, port=args.port,
+                              timeout_s=args.timeout)
+    payload = {"plan": args.plan, "model": program.name, "cluster": cluster.name, "ranks": cluster.num_devices,
+               "batch_size": program.batch_size, "steps": args.steps, **result.summary()}
+    if not args.json:
+        _print_run(payload)
+    if args.check and result.check and result.check["applies"] and not result.check["passed"]:
+        raise OutputError(f"--check failed: {_worst(result.check)}")
+    return payload
+
+
+def _worst(check: dict) -> str:
+    part = max(("loss", "grads", "params"), key=lambda g: check[g]["rel"])
+    return f"{check[part]['worst']} differs by {check[part]['rel']:.2e} relative (tolerance {check['tolerance']:.0e})"
+
+
+def _print_run(payload: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tag.units import format_bytes, format_time
+
+    console = Console()
+    table = Table(title=f"{payload['model']} on {payload['cluster']}: {payload['ranks']} ranks, batch "
+                        f"{payload['batch_size']}")
+    for column in ("step", "loss", "step time"):
+        table.add_column(column, justify="right")
+    for k, (loss, seconds) in enumerate(zip(payload["losses"], payload["step_times_s"])):
+        table.add_row(str(k + 1), f"{loss:.6g}", format_time(seconds))
+    console.print(table)
+    console.print(f"{payload['transfers']} transfers and {payload['collectives']} collectives per step, "
+                  f"{format_bytes(payload['bytes_moved'])} moved; median step {format_time(payload['median_step_s'])}")
+    check = payload.get("check")
+    if check is None:
+        return
+    if not check["applies"]:
+        console.print(f"[yellow]check: {check['reason']}[/]")
+    rows = ", ".join(f"{g} {check[g]['rel']:.1e}" for g in ("loss", "grads", "params"))
+    verdict = "[green]equal to one device[/]" if check["passed"] else "[red]differs from one device[/]"
+    console.print(f"check against the single-device step (largest relative difference): {rows}: {verdict}")
