@@ -6,10 +6,6 @@ port), which is what the tests share to keep start-up cheap. Either way a rank t
 times out stops the run: the others are ended and :class:`~tag.execute.lower.ExecutionError` names the
 rank and what it was doing. Results come back through files (``torch.save``, loaded with
 ``weights_only=True``), not through queues, which race with a worker's exit.
-
-For several hosts, :func:`main` is the entry point ``torchrun`` starts on each node
-(``python -m tag.execute.launch PROGRAMS.pt``): it reads the rank programs written by
-``tag run --export`` and runs the rank ``torchrun`` gives it.
 """
 
 from __future__ import annotations
