@@ -10,43 +10,26 @@ from tag.errors import OutputError
 __all__ = ["add_run_parser", "cmd_run"]
 
 
-def _steps(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 1000, got {text!r}") from None
-    if not 1 <= value <= 1000:
-        raise argparse.ArgumentTypeError(f"must be an integer from 1 to 1000, got {text!r}")
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a number of seconds, got {text!r}") from None
-    if not 1 <= value <= 86400:
-        raise argparse.ArgumentTypeError(f"must be between 1 and 86400 seconds, got {text!r}")
-    return value
-
-
 def add_run_parser(sub) -> None:
+    from tag.cli import _int_in, _positive_seconds
+
+    steps = _int_in(1, 1000, "1..1000")
     p = sub.add_parser("run", help="run a plan on torch.distributed (one process per device) and check it "
                                    "against the single-device step")
     p.add_argument("plan", metavar="PLAN.json", help="a plan file from `tag plan --out`")
     p.add_argument("--model", required=True, help="zoo name or MODULE:FUNCTION (the model the plan was made for)")
     p.add_argument("--tiny", action="store_true", help="the zoo model's tiny variant")
-    p.add_argument("--batch-size", type=_steps, default=None, help="global batch size (default: the model's)")
+    p.add_argument("--batch-size", type=steps, default=None, help="global batch size (default: the model's)")
     p.add_argument("--cluster", required=True, help="the cluster the plan was made for (preset or spec file)")
-    p.add_argument("--nproc", type=_steps, help="processes to start (must be the plan's device count)")
+    p.add_argument("--nproc", type=steps, help="processes to start (must be the plan's device count)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
-    p.add_argument("--steps", type=_steps, default=2, help="optimizer steps to run (default 2)")
+    p.add_argument("--steps", type=steps, default=2, help="optimizer steps to run (default 2)")
     p.add_argument("--check", action="store_true",
                    help="compare loss, gradients and updated parameters with the single-device step")
     p.add_argument("--allow-batch-coupled", action="store_true",
                    help="run even if dropout or batch statistics make the split step differ")
     p.add_argument("--port", type=int, help="TCP port of the process group (default: a free one)")
-    p.add_argument("--timeout", type=_seconds, default=120.0, help="seconds a rank may wait (default 120)")
+    p.add_argument("--timeout", type=_positive_seconds, default=120.0, help="seconds a rank may wait (default 120)")
     p.add_argument("--seed", type=int, default=0, help="METIS seed, when the plan stores no grouping")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_run)

@@ -172,6 +172,7 @@ class _Lowering:
         self.batch = program.batch_size
         self.assignment = compiled.group_graph.assignment
         self.use_of: dict[tuple[int, int], int] = {}
+        self._outs: dict[int, tuple[int, ...]] = {}  # use -> outputs read (see outs)
         tables = self.tables
         for q in range(tables.use_producer.size):
             p = int(tables.use_producer[q])
@@ -204,11 +205,14 @@ class _Lowering:
 
     def outs(self, q: int) -> tuple[int, ...]:
         """Outputs of the use's producer that its consumers read."""
-        p = int(self.tables.use_producer[q])
-        found: set[int] = set()
-        for c in self.tables.use_consumers[q].tolist():
-            _collect_outs(self.graph.args[c], p, found)
-        return tuple(sorted(found)) or (0,)
+        found = self._outs.get(q)
+        if found is None:
+            p = int(self.tables.use_producer[q])
+            args = [self.graph.args[c] for c in self.tables.use_consumers[q].tolist()]
+            found = tuple(sorted({out for op, out in _references([[a.get("args", []), a.get("kwargs", {})]
+                                                                  for a in args]) if op == p})) or (0,)
+            self._outs[q] = found
+        return found
 
     def moves_rows(self, q: int) -> bool:
         """Whether the use's tensors are batch rows; not when a consumer's folded view broadcasts a tensor
@@ -249,9 +253,9 @@ class _Lowering:
             if layout_c.split and all(self.graph.split[x] == SPLIT_SUM for x in consumers):
                 aligned = layout_p.devices == layout_c.devices
                 own = holder and (aligned or e == layout_c.devices[0])
-                zeros = tuple((k, tuple(self.program.spec(p, k, self.run_rows(p, layout_p.devices[0])[1]
-                                                          - self.run_rows(p, layout_p.devices[0])[0])[0]),
-                               self.program.spec(p, k, self.batch)[1]) for k in self.outs(q))
+                lo, hi = self.run_rows(p, layout_p.devices[0])
+                zeros = tuple((k, tuple(shape), dtype) for k in self.outs(q)
+                              for shape, dtype in [self.program.spec(p, k, hi - lo)])
                 return Read("share", q, own=own, zeros=zeros)
             return Read("sum", q, own=holder)
         if pclass == SUMS and layout_c.split and self.graph.split[c] == SPLIT_SUM and e != layout_c.devices[0]:
@@ -263,46 +267,26 @@ class _Lowering:
         return Read("local" if holder else "whole", q)
 
 
-def _collect_outs(value: Any, p: int, found: set[int]) -> None:
+def _references(value: Any):
+    """(op, out) of every reference in a record's arguments, folded views included."""
     if isinstance(value, list):
         for v in value:
-            _collect_outs(v, p, found)
+            yield from _references(v)
     elif isinstance(value, dict):
         if "ref" in value:
-            if value["ref"] == p:
-                found.add(int(value["out"]))
+            yield int(value["ref"]), int(value["out"])
         elif "expr" in value:
-            _collect_outs(value["expr"]["args"], p, found)
-            _collect_outs(value["expr"]["kwargs"], p, found)
-        elif "target" in value:
-            _collect_outs(value.get("args", []), p, found)
-            _collect_outs(value.get("kwargs", {}), p, found)
+            yield from _references(value["expr"]["args"])
+            yield from _references(value["expr"]["kwargs"])
         else:
             for v in value.values():
-                _collect_outs(v, p, found)
+                yield from _references(v)
 
 
 def _input_refs(record: dict) -> list[int]:
-    found: list[int] = []
-
-    def walk(value: Any) -> None:
-        if isinstance(value, list):
-            for v in value:
-                walk(v)
-        elif isinstance(value, dict):
-            if "ref" in value:
-                if value["ref"] not in found:
-                    found.append(int(value["ref"]))
-            elif "expr" in value:
-                walk(value["expr"]["args"])
-                walk(value["expr"]["kwargs"])
-            else:
-                for v in value.values():
-                    walk(v)
-
-    walk(record.get("args", []))
-    walk(record.get("kwargs", {}))
-    return found
+    """The ops a record reads, in first-read order."""
+    refs = _references([record.get("args", []), record.get("kwargs", {})])
+    return list(dict.fromkeys(op for op, _ in refs))
 
 
 def lower_plan(program: Program, compiled: CompiledPlan) -> list[RankProgram]:
