@@ -1,4 +1,4 @@
-"""`tag run PLAN.json --model MODEL --cluster CLUSTER`: run a placement plan on this host and check it."""
+"""`tag run PLAN.json --model MODEL --cluster CLUSTER`: run a placement or pipeline plan on this host and check it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def add_run_parser(sub) -> None:
     steps = _int_in(1, 1000, "1..1000")
     p = sub.add_parser("run", help="run a plan on torch.distributed (one process per device) and check it "
                                    "against the single-device step")
-    p.add_argument("plan", metavar="PLAN.json", help="a plan file from `tag plan --out`")
+    p.add_argument("plan", metavar="PLAN.json", help="a plan file from `tag plan --out` or `tag pipeline --out`")
     p.add_argument("--model", required=True, help="zoo name or MODULE:FUNCTION (the model the plan was made for)")
     p.add_argument("--tiny", action="store_true", help="the zoo model's tiny variant")
     p.add_argument("--batch-size", type=steps, default=None, help="global batch size (default: the model's)")
@@ -36,17 +36,12 @@ def add_run_parser(sub) -> None:
 
 
 def cmd_run(args: argparse.Namespace) -> dict:
-    from tag.cli import _plan_group_graph, _plan_kind, _status
+    from tag.cli import _plan_kind, _status
     from tag.cluster import resolve_cluster
     from tag.execute.launch import check_port
     from tag.execute.lower import ExecutionError
     from tag.execute.program import resolve_program
-    from tag.execute.run import run_strategy
-    from tag.strategy import load_plan
 
-    if _plan_kind(args.plan) == "pipeline":
-        raise ExecutionError(f"{args.plan}: pipeline plans do not run yet; `tag run` runs placement plans "
-                             "(`tag plan --out`)")
     if args.backend == "nccl":
         import torch
 
@@ -61,16 +56,10 @@ def cmd_run(args: argparse.Namespace) -> dict:
                              "process each")
     with _status(sys.stderr.isatty(), "tracing the train step"):
         program = resolve_program(args.model, tiny=args.tiny, batch_size=args.batch_size)
-    plan = load_plan(args.plan, graph=program.graph, cluster=cluster)
-    if plan.summary.get("sfb_groups"):
-        raise ExecutionError(f"{args.plan}: the plan broadcasts sufficient factors (SFB), which does not run yet; "
-                             "plan with --no-sfb")
-    group_graph = _plan_group_graph(plan, program.graph, cluster, argparse.Namespace(seed=args.seed,
-                                                                                     strategy=args.plan))
-    with _status(sys.stderr.isatty(), f"running {cluster.num_devices} ranks for {args.steps} step(s)"):
-        result = run_strategy(program, group_graph, plan.strategy, cluster, steps=args.steps, check=args.check,
-                              allow_batch_coupled=args.allow_batch_coupled, backend=args.backend, port=args.port,
-                              timeout_s=args.timeout)
+    if _plan_kind(args.plan) == "pipeline":
+        result = _run_pipeline(args, program, cluster)
+    else:
+        result = _run_placement(args, program, cluster)
     payload = {"plan": args.plan, "model": program.name, "cluster": cluster.name, "ranks": cluster.num_devices,
                "batch_size": program.batch_size, "steps": args.steps, **result.summary()}
     if not args.json:
@@ -78,6 +67,37 @@ def cmd_run(args: argparse.Namespace) -> dict:
     if args.check and result.check and result.check["applies"] and not result.check["passed"]:
         raise OutputError(f"--check failed: {_worst(result.check)}")
     return payload
+
+
+def _run_placement(args: argparse.Namespace, program, cluster):
+    from tag.cli import _plan_group_graph, _status
+    from tag.execute.lower import ExecutionError
+    from tag.execute.run import run_strategy
+    from tag.strategy import load_plan
+
+    plan = load_plan(args.plan, graph=program.graph, cluster=cluster)
+    if plan.summary.get("sfb_groups"):
+        raise ExecutionError(f"{args.plan}: the plan broadcasts sufficient factors (SFB), which does not run yet; "
+                             "plan with --no-sfb")
+    group_graph = _plan_group_graph(plan, program.graph, cluster, argparse.Namespace(seed=args.seed,
+                                                                                     strategy=args.plan))
+    with _status(sys.stderr.isatty(), f"running {cluster.num_devices} ranks for {args.steps} step(s)"):
+        return run_strategy(program, group_graph, plan.strategy, cluster, steps=args.steps, check=args.check,
+                            allow_batch_coupled=args.allow_batch_coupled, backend=args.backend, port=args.port,
+                            timeout_s=args.timeout)
+
+
+def _run_pipeline(args: argparse.Namespace, program, cluster):
+    from tag.cli import _status
+    from tag.execute.pipeline import run_pipeline
+    from tag.strategy import load_pipeline_plan
+
+    plan = load_pipeline_plan(args.plan, graph=program.graph, cluster=cluster)
+    what = f"{plan.num_stages} stages × {list(plan.replicas)} replicas, {plan.micro_batches} micro-batches"
+    with _status(sys.stderr.isatty(), f"running a pipeline of {what} for {args.steps} step(s)"):
+        return run_pipeline(program, plan, cluster, steps=args.steps, check=args.check,
+                            allow_batch_coupled=args.allow_batch_coupled, backend=args.backend, port=args.port,
+                            timeout_s=args.timeout)
 
 
 def _worst(check: dict) -> str:

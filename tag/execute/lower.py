@@ -14,7 +14,9 @@ each rank the instructions it takes part in:
 - ``Send`` / ``Recv``: one transfer task of the plan, every delivery it carries (rows cut at whole
   rows, a partial, an AddN root's sum, a whole tensor);
 - ``Reduce``: one all-reduce or PS collective over the plan's device set (PS: reduce to the parameter
-  server the compiler chose, then broadcast).
+  server the compiler chose, then broadcast);
+- ``Local``: a transfer whose two ends became one rank, ``Alias``: one whose tensors the rank received
+  already (a pipeline's micro-batches and phases, :mod:`tag.execute.pipeline`).
 
 Batch fractions become whole rows by rounding each interval end (``round(x * B)``), so intervals still
 tile the batch; a replica left without rows is an error. An op that averages over the rows it sees (a
@@ -37,7 +39,8 @@ from tag.execute.program import Program
 from tag.graph.opgraph import SPLIT_NONE, SPLIT_SUM
 from tag.sim import TASK_COLLECTIVE, TASK_COMPUTE, TASK_TRANSFER
 
-__all__ = ["ExecutionError", "Read", "Compute", "Send", "Recv", "Reduce", "Carry", "RankProgram", "lower_plan"]
+__all__ = ["ExecutionError", "Read", "Compute", "Send", "Recv", "Local", "Alias", "Reduce", "Carry", "RankProgram", "lower_plan",
+           "Item"]
 
 # Ops whose output averages over the rows they see (reduction "mean"): on a replica's rows the output is
 # scaled by the row share, so that the replicas' results add up to the average over the batch.
@@ -103,12 +106,29 @@ class Recv(NamedTuple):
     items: tuple
 
 
+class Local(NamedTuple):
+    """A transfer between two values of one rank: ``send`` items are read as a Send reads them, ``recv``
+    items stored as a Recv stores them."""
+
+    task: int
+    send: tuple
+    recv: tuple
+
+
+class Alias(NamedTuple):
+    """Tensors this rank has received already, filed again for another use (a pipeline stage's forward and
+    backward ops read the same activation rows; they cross the wire once)."""
+
+    task: int
+    items: tuple  # ((use the tensors arrived for, Item to file them as), ...)
+
+
 class Reduce(NamedTuple):
     task: int
     kind: str  # allreduce | ps
     members: tuple  # ranks
     server: int  # ps: the rank that sums; -1 for an all-reduce
-    items: tuple  # ((use, op, outs), ...)
+    items: tuple  # ((uses, ops, outs), ...): the rank's partial is the sum of ``ops``; the result goes to ``uses``
 
 
 class Carry(NamedTuple):
@@ -140,8 +160,10 @@ class RankProgram:
                 tensors = sum(len(item.outs) for item in step.items)
                 out.append((step.task, "transfer", (self.rank, step.dst), _item_bytes(step.items), tensors))
             elif isinstance(step, Reduce) and step.members[0] == self.rank:
-                out.append((step.task, step.kind, step.members, sum(_outs_bytes(outs) for _, _, outs in step.items),
-                            sum(len(outs) for _, _, outs in step.items)))
+                if len(step.members) > 1:
+                    out.append((step.task, step.kind, step.members,
+                                sum(_outs_bytes(outs) for _, _, outs in step.items),
+                                sum(len(outs) for _, _, outs in step.items)))
         return out
 
 
@@ -289,8 +311,9 @@ def _input_refs(record: dict) -> list[int]:
     return list(dict.fromkeys(op for op, _ in refs))
 
 
-def lower_plan(program: Program, compiled: CompiledPlan) -> list[RankProgram]:
-    """One :class:`RankProgram` per device of ``compiled``'s cluster (module docstring)."""
+def lower_plan(program: Program, compiled: CompiledPlan, order=None) -> list[RankProgram]:
+    """One :class:`RankProgram` per device of ``compiled``'s cluster (module docstring). ``order``: the
+    global order of the TaskGraph's tasks (any topological order; default the TaskGraph's own)."""
     if compiled.granularity != "op":
         raise ExecutionError("a plan runs from its op-granularity compilation (compile_strategy(..., granularity='op'))")
     low = _Lowering(program, compiled)
@@ -303,7 +326,7 @@ def lower_plan(program: Program, compiled: CompiledPlan) -> list[RankProgram]:
     for d in compiled.deliveries:
         by_task.setdefault(d.task, []).append(d)
     tg = compiled.taskgraph
-    for t in tg.topological_order.tolist():
+    for t in (tg.topological_order if order is None else order).tolist():
         kind = int(tg.kind[t])
         if kind == TASK_COMPUTE:
             _lower_compute(low, ranks, task_op[t], int(tg.device[t]))
@@ -313,7 +336,8 @@ def lower_plan(program: Program, compiled: CompiledPlan) -> list[RankProgram]:
             _lower_collective(low, ranks, t, by_task.get(t, []))
     _lower_carry(low, ranks)
     _lower_outputs(low, ranks)
-    groups = sorted({step.members for rank in ranks for step in rank.steps if isinstance(step, Reduce)})
+    groups = sorted({step.members for rank in ranks for step in rank.steps
+                     if isinstance(step, Reduce) and len(step.members) > 1})
     for rank in ranks:
         rank.groups = groups
     return ranks
@@ -443,7 +467,7 @@ def _lower_collective(low: _Lowering, ranks: list[RankProgram], task: int, deliv
         for q in d.uses:
             p = int(low.tables.use_producer[q])
             lo, hi = low.run_rows(p, members[0])
-            items.append((q, p, low.out_specs(q, hi - lo, rows=False)))
+            items.append(((q,), (p,), low.out_specs(q, hi - lo, rows=False)))
             if d.kind == "ps":
                 group_c = int(low.tables.use_group[q])
                 server = members[(group_c + int(low.tables.use_sync_index[q])) % len(members)]

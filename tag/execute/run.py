@@ -25,7 +25,7 @@ from tag.execute.program import Program
 from tag.grouping import GroupGraph
 from tag.strategy import Strategy
 
-__all__ = ["RunResult", "run_strategy", "reference_steps", "compare_steps", "CHECK_TOLERANCE"]
+__all__ = ["RunResult", "run_strategy", "combine_values", "reference_steps", "compare_steps", "CHECK_TOLERANCE"]
 
 CHECK_TOLERANCE = 1e-5  # largest relative difference (fp32) that passes --check
 
@@ -88,7 +88,7 @@ def run_strategy(program: Program, group_graph: GroupGraph, strategy: Strategy, 
     else:
         reports = run_ranks(programs, tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s,
                             faults=faults)
-    values = [_combine(program, compiled, programs, reports, k) for k in range(steps)]
+    values = [combine_values(program, compiled, programs, reports, k) for k in range(steps)]
     result = RunResult(losses=[float(v["loss:loss"]) for v in values],
                        step_times_s=[[r["times"][k] for r in reports] for k in range(steps)],
                        communication=[c for p in programs for c in p.communication()], coupled=coupled, values=values)
@@ -97,7 +97,7 @@ def run_strategy(program: Program, group_graph: GroupGraph, strategy: Strategy, 
     return result
 
 
-def _combine(program: Program, compiled: CompiledPlan, programs: list[RankProgram], reports: list[dict],
+def combine_values(program: Program, compiled: CompiledPlan, programs: list[RankProgram], reports: list[dict],
              step: int) -> dict[str, torch.Tensor]:
     """name → the single-device value, from every rank's report of step ``step``."""
     holders: dict[str, list[tuple[int, int, torch.Tensor]]] = {}

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tag.execute.lower import Carry, Compute, Read, Recv, Reduce, RankProgram, Send
+from tag.execute.lower import Alias, Carry, Compute, Local, Read, Recv, Reduce, RankProgram, Send
 
 __all__ = ["RankRuntime", "call_record", "decode"]
 
@@ -99,6 +99,15 @@ class RankRuntime:
                 self._recv(instruction)
             elif isinstance(instruction, Reduce):
                 self._reduce(instruction)
+            elif isinstance(instruction, Local):
+                for sent, kept in zip(instruction.send, instruction.recv):
+                    self._store(kept, dict(zip((k for k, *_ in kept.outs), self._payload(sent))))
+            elif isinstance(instruction, Alias):
+                for use, item in instruction.items:
+                    box = self.inbox[use]
+                    tensors = box.full if item.kind == "full" else \
+                        next(t for lo, hi, t in box.rows if (lo, hi) == (item.lo, item.hi))
+                    self._store(item, tensors)
         for work in pending:
             work.wait()
         self.current = None
@@ -134,6 +143,8 @@ class RankRuntime:
         i = self.current
         if isinstance(i, Compute):
             return f"op {i.op} ({self.program.records[i.op].get('target')})"
+        if isinstance(i, (Local, Alias)):
+            return f"local transfer task {i.task}"
         if isinstance(i, (Send, Recv)):
             return f"transfer task {i.task} ({'to' if isinstance(i, Send) else 'from'} rank " \
                    f"{i.dst if isinstance(i, Send) else i.src})"
@@ -239,29 +250,38 @@ class RankRuntime:
                 buffer = torch.empty(shape, dtype=_dtype(dtype))
                 dist.recv(buffer, r.src)
                 tensors[k] = buffer
-            box = self.inbox.setdefault(item.use, _Inbox())
-            if item.kind == "rows":
-                box.rows.append((item.lo, item.hi, tensors))
-            elif item.kind == "partial":
-                box.partials.append(tensors)
-            elif item.kind == "sum":
-                box.result = tensors
-            else:
-                box.full = tensors
+            self._store(item, tensors)
+
+    def _store(self, item, tensors: dict) -> None:
+        """File what arrived for one transfer item in its use's inbox."""
+        box = self.inbox.setdefault(item.use, _Inbox())
+        if item.kind == "rows":
+            box.rows.append((item.lo, item.hi, tensors))
+        elif item.kind == "partial":
+            box.partials.append(tensors)
+        elif item.kind == "sum":
+            box.result = tensors
+        else:
+            box.full = tensors
 
     def _reduce(self, r: Reduce) -> None:
-        group = self.groups[r.members]
-        for q, p, outs in r.items:
+        """The collective over ``r.members``; this rank's partial is the sum of its values ``ops`` (several
+        micro-batches of a pipeline stage, one op of a placement), the result filed under every use."""
+        group = self.groups[r.members] if len(r.members) > 1 else None
+        for uses, ops, outs in r.items:
             result = {}
             for k, *_ in outs:
-                tensor = _out(self.values[p], k).detach().clone().contiguous()
-                if r.kind == "allreduce":
+                tensor = _add([_out(self.values[p], k) for p in ops]).detach().clone().contiguous()
+                if group is None:
+                    pass  # every partial is on this rank
+                elif r.kind == "allreduce":
                     dist.all_reduce(tensor, group=group)
                 else:
                     dist.reduce(tensor, dst=r.server, group=group)
                     dist.broadcast(tensor, src=r.server, group=group)
                 result[k] = tensor
-            self.inbox.setdefault(q, _Inbox()).result = result
+            for q in uses:
+                self.inbox.setdefault(q, _Inbox()).result = result
 
 
 def _add(parts: list[torch.Tensor]) -> torch.Tensor:

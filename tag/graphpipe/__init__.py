@@ -19,6 +19,7 @@ from tag.graphpipe.pipeline import (
     compile_graph_pipeline,
     graph_stage_graph,
     plan_graph_pipeline,
+    replay_graph_pipeline,
     simulate_graph_pipeline,
 )
 from tag.graphpipe.scheduler import (
@@ -56,5 +57,5 @@ __all__ = [
     "unit_time_schedule_dag", "format_grid_dag", "ScheduleError",
     # plans
     "compile_graph_pipeline", "simulate_graph_pipeline", "graph_stage_graph", "GraphPipelinePlan",
-    "plan_graph_pipeline", "DEFAULT_SLACK", "TAIL_SHARES", "SEQUENTIAL",
+    "plan_graph_pipeline", "replay_graph_pipeline", "DEFAULT_SLACK", "TAIL_SHARES", "SEQUENTIAL",
 ]

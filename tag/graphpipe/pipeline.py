@@ -41,7 +41,7 @@ import numpy as np
 from tag.cluster.cluster import Cluster
 from tag.cost.comm import allreduce_time
 from tag.cost.compute import CostModel
-from tag.exact.pipeline import compile_pipeline, plan_pipeline, reference_bandwidth
+from tag.exact.pipeline import PipelinePlan, compile_pipeline, plan_pipeline, reference_bandwidth
 from tag.exact.schedules import Action
 from tag.exact.stage_graph import ADAM_MEMORY_COPIES, ForwardGraph, PartitionError, StageGraph, build_stage_graph
 from tag.graph.opgraph import OpGraph
@@ -51,6 +51,7 @@ from tag.graphpipe.scheduler import graph_stage_orders, stage_depths, stage_infl
 from tag.sim import SimulationResult, TaskGraph, simulate_fast
 
 __all__ = ["compile_graph_pipeline", "simulate_graph_pipeline", "GraphPipelinePlan", "plan_graph_pipeline",
+           "replay_graph_pipeline",
            "graph_stage_graph", "DEFAULT_SLACK", "TAIL_SHARES", "SEQUENTIAL"]
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,27 @@ def graph_stage_graph(fg: ForwardGraph, partition: GraphPartition, *, reference_
     return sg
 
 
+def replay_graph_pipeline(graph: OpGraph, cluster: Cluster, *, forward_assignment: Sequence[int] | np.ndarray,
+                          replicas: Sequence[int], micro_batches: int, mapping: Sequence[Sequence[int]],
+                          reference_gpu: str | None = None, links: str = "data",
+                          cost: CostModel | None = None) -> PipelinePlan:
+    """Rebuild and simulate a stored graph pipeline plan (a plan file of partitioner ``"graphpipe"``):
+    its stage graph, the static scheduler's orders over its stage DAG, and the simulated iteration."""
+    fg = ForwardGraph.from_graph(graph, cluster.types, cost=cost)
+    forward_stage = np.asarray(forward_assignment, dtype=np.int64).reshape(-1)
+    if forward_stage.shape != (fg.num_nodes,):
+        raise PartitionError(f"the plan assigns {forward_stage.size} forward ops; the model has {fg.num_nodes}")
+    names = [t.name for t in fg.gpu_types]
+    reference = names.index(reference_gpu) if reference_gpu in names else 0
+    sg = build_stage_graph(fg, forward_stage, replicas=list(replicas), micro_batches=micro_batches,
+                           reference_type=reference, links=links)
+    inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=sg.micro_batches)
+    sg.memory_bytes = ADAM_MEMORY_COPIES * sg.param_bytes + inflight * (sg.activation_bytes + sg.input_bytes)
+    rows = [list(row) for row in mapping]
+    taskgraph, result = simulate_graph_pipeline(sg, cluster, rows, graph_stage_orders(inflight, sg.micro_batches))
+    return PipelinePlan(sg, rows, "1f1b", "graphpipe", taskgraph, result)
+
+
 @dataclass(eq=False)
 class GraphPipelinePlan:
     """A graph-pipeline plan and its simulated iteration."""
@@ -107,6 +129,9 @@ class GraphPipelinePlan:
     result: SimulationResult
     solve_time_s: float = 0.0  # the whole search: partitioning, scheduling, simulation
     info: dict[str, Any] = field(default_factory=dict)
+
+    partitioner = "graphpipe"  # what plan files name it (replay_graph_pipeline)
+    schedule = "1f1b"  # the static scheduler's orders are 1F1B-like per stage
 
     @property
     def iteration_time(self) -> float:
