@@ -107,6 +107,7 @@ def _worst(check: dict) -> str:
 
 def _print_run(payload: dict) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from tag.units import format_bytes, format_time
@@ -121,6 +122,10 @@ def _print_run(payload: dict) -> None:
     console.print(table)
     console.print(f"{payload['transfers']} transfers and {payload['collectives']} collectives per step, "
                   f"{format_bytes(payload['bytes_moved'])} moved; median step {format_time(payload['median_step_s'])}")
+    schedule = payload.get("schedule")
+    if schedule and not schedule["followed"]:
+        console.print(f"[yellow]the ranks could not follow the plan's schedule: every backward pass waits for "
+                      f"{', '.join(map(escape, schedule['waits_on'][:3]))}, summed over all micro-batches[/]")
     check = payload.get("check")
     if check is None:
         return

@@ -45,13 +45,17 @@ from tag.execute.lower import (Alias, Carry, Compute, ExecutionError, Item, Loca
 from tag.execute.program import Program
 from tag.execute.run import RunResult, combine_values, compare_steps, coupled_in_plan, reference_steps
 from tag.graph.opgraph import ROLE_BACKWARD, ROLE_OPTIMIZER
+from tag.sim import TASK_COLLECTIVE
 from tag.grouping import GroupGraph
 from tag.strategy import ALLREDUCE, Strategy
 from tag.strategy.pipeline_plan import PipelinePlanFile
 
-__all__ = ["Slot", "PipelineView", "pipeline_view", "virtual_placement", "schedule_order", "fold_slots",
-           "run_pipeline", "GRAPHPIPE"]
+__all__ = ["Slot", "PipelineView", "pipeline_view", "virtual_placement", "stage_phase_groups", "schedule_order",
+           "fold_slots", "LoweredPipeline", "lower_pipeline", "run_pipeline", "GRAPHPIPE"]
 
+# Ops that read only the shape, dtype and device of their tensor argument.
+SHAPE_ONLY_KINDS = ("aten.ones_like", "aten.zeros_like", "aten.empty_like", "aten.full_like", "aten.new_ones",
+                    "aten.new_zeros", "aten.new_empty", "aten.new_full", "aten.sym_size")
 GRAPHPIPE = "graphpipe"  # the partitioner name of graph pipeline plans: stage orders from tag.graphpipe
 _VIRTUAL_BANDWIDTH = 1e10  # bytes/s between virtual devices; the lowering reads no time
 
@@ -193,14 +197,31 @@ def schedule_order(compiled: CompiledPlan, program: Program, view: PipelineView,
         if np.isnan(key[t]):
             preds = tg.dep[tg.dep_ptr[t]:tg.dep_ptr[t + 1]]
             key[t] = float(key[preds].max()) if preds.size else 0.0
-    return _priority_order(tg, key)
+    return _priority_order(tg, key, _shape_only_collectives(compiled, graph))
 
 
-def _priority_order(tg, key: np.ndarray) -> np.ndarray:
-    """Kahn's algorithm taking the ready task of smallest (key, position in the TaskGraph's own order)."""
+def _shape_only_collectives(compiled: CompiledPlan, graph) -> set[int]:
+    """Collectives whose every use is read for its shape alone (``ones_like(loss)`` seeding the backward
+    pass): the readers take their own partial, so the collective need not run — and must not, since it
+    would make every micro-batch's backward pass wait for every forward pass."""
+    tables = compiled.tables
+    uses: dict[int, list[int]] = {}
+    for d in compiled.deliveries:
+        if int(compiled.taskgraph.kind[d.task]) == TASK_COLLECTIVE:
+            uses.setdefault(d.task, []).extend(d.uses)
+    return {t for t, qs in uses.items()
+            if all(graph.kinds[c].startswith(SHAPE_ONLY_KINDS) for q in qs for c in tables.use_consumers[q].tolist())}
+
+
+def _priority_order(tg, key: np.ndarray, skip: set[int] = frozenset()) -> np.ndarray:
+    """Kahn's algorithm taking the ready task of smallest (key, position in the TaskGraph's own order);
+    tasks in ``skip`` are left out (and count as done)."""
     position = np.empty(tg.num_tasks, dtype=np.int64)
     position[tg.topological_order] = np.arange(tg.num_tasks)
     waiting = np.diff(tg.dep_ptr).astype(np.int64)
+    for t in skip:
+        waiting[tg.succ[tg.succ_ptr[t]:tg.succ_ptr[t + 1]]] -= 1
+        waiting[t] = -1
     ready = [(float(key[t]), int(position[t]), int(t)) for t in np.flatnonzero(waiting == 0)]
     heapq.heapify(ready)
     order = []
@@ -211,7 +232,7 @@ def _priority_order(tg, key: np.ndarray) -> np.ndarray:
             waiting[u] -= 1
             if waiting[u] == 0:
                 heapq.heappush(ready, (float(key[u]), int(position[u]), u))
-    if len(order) != tg.num_tasks:
+    if len(order) != tg.num_tasks - len(skip):
         raise ExecutionError("the pipeline's task graph has a cycle")
     return np.asarray(order, dtype=np.int64)
 
@@ -258,7 +279,7 @@ def fold_slots(virtual: list[RankProgram], compiled: CompiledPlan, slots: list[S
     """One program per real rank from the virtual devices' programs (module docstring)."""
     ids = _Ids(len(compiled.op_unit),
                int(compiled.tables.use_producer.size), _per_slot(virtual, batch))
-    position = np.empty(order.size, dtype=np.int64)
+    position = np.full(compiled.taskgraph.num_tasks, -1, dtype=np.int64)
     position[order] = np.arange(order.size)
     ranks = [RankProgram(r, world, {}, {}, [], [], {}) for r in range(world)]
     timeline = []
@@ -358,11 +379,59 @@ class _SlotView(NamedTuple):
     outputs: dict
 
 
-def run_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *, steps: int = 2,
-                 check: bool = False, allow_batch_coupled: bool = False, backend: str = "gloo",
-                 timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None,
-                 port: int | None = None) -> RunResult:
-    """Run pipeline plan ``plan`` for ``steps`` optimizer steps, one process per device of ``cluster``."""
+@dataclass
+class LoweredPipeline:
+    """A pipeline plan ready to run: the rank programs and what they were folded from."""
+
+    view: PipelineView
+    placed: VirtualPlacement
+    compiled: CompiledPlan  # the virtual placement, op granularity
+    virtual: list[RankProgram]  # [V] one per virtual device
+    programs: list[RankProgram]  # [D] one per rank
+    coupled: dict[str, str]  # batch-coupled ops the plan changes: name -> why
+
+    def actions(self, rank: int, graph) -> list[str]:
+        """The rank's compute steps as schedule actions in the order it runs them ("F0", "B0", ...; "O" for
+        the optimizer), consecutive repeats merged, whole-batch ops (computed once) left out."""
+        n = graph.num_ops
+        out: list[str] = []
+        for step in self.programs[rank].steps:
+            if not isinstance(step, Compute) or step.batch == self.placed.group_graph.op_graph.batch_size:
+                continue
+            op, m = step.op % n, step.op // n
+            role = graph.role[op]
+            label = "O" if role == ROLE_OPTIMIZER else f"{BACKWARD if role == ROLE_BACKWARD else FORWARD}{m}"
+            if not out or out[-1] != label:
+                out.append(label)
+        return out
+
+
+    def schedule_report(self, graph) -> dict[str, Any]:
+        """Whether every rank runs its stage's actions in the plan's order, and if not, the forward values
+        summed over every micro-batch that the backward pass waits for (cross-entropy's count of counted
+        targets normalises the loss over the whole batch, so no backward pass can start before every
+        forward pass has ended: the ranks then run GPipe's order whatever the plan says)."""
+        followed = all(self.actions(rank, graph) == [f"{a.kind}{a.micro_batch}" for a in self.view.orders[s]]
+                       for s, row in enumerate(self.view.mapping) for rank in row)
+        waits = sorted({_describe(graph, p % graph.num_ops) for program in self.programs for step in program.steps
+                        if isinstance(step, Reduce) for _, ops, _ in step.items for p in ops
+                        if graph.role[p % graph.num_ops] != ROLE_BACKWARD})
+        return {"followed": followed, "waits_on": [] if followed else waits}
+
+
+def _describe(graph, op: int) -> str:
+    """An op for a user: its call (the producer's call and output for a getitem) and its name."""
+    record = graph.args[op] if graph.args else {}
+    if record.get("target") == "getitem" and record.get("args") and isinstance(record["args"][0], dict) \
+            and "ref" in record["args"][0]:
+        source = int(record["args"][0]["ref"])
+        return f"{graph.kinds[source]} output {record['args'][0].get('out', 0)} ({graph.names[op]})"
+    return f"{graph.kinds[op]} ({graph.names[op]})"
+
+
+def lower_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *,
+                   allow_batch_coupled: bool = False) -> LoweredPipeline:
+    """Pipeline plan ``plan`` as one program per device of ``cluster`` (module docstring)."""
     view = pipeline_view(program, plan, cluster)
     placed = virtual_placement(program, view)
     compiled = compile_strategy(placed.group_graph, placed.strategy, placed.cluster, granularity="op")
@@ -375,19 +444,31 @@ def run_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *, 
     order = schedule_order(compiled, program, view, placed.slots)
     virtual = lower_plan(program, compiled, order)
     programs = fold_slots(virtual, compiled, placed.slots, order, cluster.num_devices, program.batch_size)
+    return LoweredPipeline(view, placed, compiled, virtual, programs, coupled)
+
+
+def run_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *, steps: int = 2,
+                 check: bool = False, allow_batch_coupled: bool = False, backend: str = "gloo",
+                 timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None,
+                 port: int | None = None) -> RunResult:
+    """Run pipeline plan ``plan`` for ``steps`` optimizer steps, one process per device of ``cluster``."""
+    lowered = lower_pipeline(program, plan, cluster, allow_batch_coupled=allow_batch_coupled)
+    programs, virtual, slots = lowered.programs, lowered.virtual, lowered.placed.slots
     if pool is not None:
         reports = pool.run(programs, program.tensors, steps=steps, backend=backend, timeout_s=timeout_s)
     else:
         reports = run_ranks(programs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s)
     views = [_SlotView(v, p.outputs) for v, p in enumerate(virtual)]
     values = []
-    for k in range(steps):
-        slot_reports = [{"results": [{name: reports[placed.slots[v].rank]["results"][k][f"{name}@{v}"]
+    for k in range(steps):  # each virtual device's outputs, as if it had been a rank
+        slot_reports = [{"results": [{name: reports[slots[v].rank]["results"][k][f"{name}@{v}"]
                                       for name in p.outputs}]} for v, p in enumerate(virtual)]
-        values.append(combine_values(program, compiled, views, slot_reports, 0))
+        values.append(combine_values(program, lowered.compiled, views, slot_reports, 0))
     result = RunResult(losses=[float(v["loss:loss"]) for v in values],
                        step_times_s=[[r["times"][k] for r in reports] for k in range(steps)],
-                       communication=[c for p in programs for c in p.communication()], coupled=coupled, values=values)
+                       communication=[c for p in programs for c in p.communication()], coupled=lowered.coupled,
+                       values=values)
+    result.schedule = lowered.schedule_report(program.graph)
     if check:
-        result.check = compare_steps(values, reference_steps(program, steps), coupled)
+        result.check = compare_steps(values, reference_steps(program, steps), lowered.coupled)
     return result

@@ -40,6 +40,7 @@ class RunResult:
     check: dict | None = None  # {"loss"|"grads"|"params": {"abs": .., "rel": .., "worst": name}, "passed": bool}
     coupled: dict = field(default_factory=dict)  # op name -> why a batch split changes it (allowed by the user)
     values: list[dict] = field(default_factory=list, repr=False)  # per step: name -> combined tensor
+    schedule: dict | None = None  # pipelines: {"followed": bool, "waits_on": [...]} (LoweredPipeline)
 
     @property
     def median_step_s(self) -> float:
@@ -52,7 +53,7 @@ class RunResult:
                 "median_step_s": self.median_step_s, "transfers": sum(c[1] == "transfer" for c in self.communication),
                 "collectives": sum(c[1] != "transfer" for c in self.communication),
                 "bytes_moved": float(sum(c[3] for c in self.communication)), "check": self.check,
-                "batch_coupled_ops": self.coupled}
+                "batch_coupled_ops": self.coupled, **({"schedule": self.schedule} if self.schedule else {})}
 
 
 def coupled_in_plan(program: Program, compiled: CompiledPlan) -> dict[str, str]:

@@ -1,0 +1,163 @@
+"""Executed pipeline plans against the single-device step (gloo on the CPU, at most 4 processes, one pool)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from tag.cli import main
+from tag.cluster import resolve_cluster
+from tag.cluster.build import Machine, build_cluster
+from tag.exact import plan_pipeline
+from tag.exact.schedules import stage_order
+from tag.execute import ExecutionError, WorkerPool, lower_pipeline, run_pipeline, zoo_program
+from tag.graphpipe import plan_graph_pipeline
+from tag.graphpipe.scheduler import graph_stage_orders, stage_inflight
+from tag.sim import TASK_TRANSFER
+from tag.strategy import make_pipeline_plan
+
+TOLERANCE = 1e-5
+
+
+@pytest.fixture(scope="module")
+def pool():
+    with WorkerPool(4) as workers:
+        yield workers
+
+
+@pytest.fixture(scope="module")
+def gpt2():
+    return zoo_program("gpt2", tiny=True, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def uno():
+    return zoo_program("candle-uno", tiny=True, batch_size=8)
+
+
+def toy_cluster(n: int):
+    return build_cluster("toy", [Machine("v100-16gb", 1) for _ in range(n)], network_bandwidth=1e9)
+
+
+def sequential(program, cluster, *, stages, replicas, micro_batches, schedule="1f1b", replica_counts=None,
+               mapping=None):
+    """A Parmesan plan of ``program`` as a plan file record (optionally with other replica counts)."""
+    plan = plan_pipeline(program.graph, cluster, stages=stages, replicas=replicas, micro_batches=micro_batches,
+                         schedule=schedule)
+    sg = plan.stage_graph
+    return plan, make_pipeline_plan(program.graph, cluster, partitioner=plan.partitioner, schedule=schedule,
+                                    micro_batches=micro_batches, replicas=replica_counts or sg.replicas.tolist(),
+                                    reference_gpu=sg.gpu_types[sg.reference_type].name,
+                                    forward_assignment=sg.forward_assignment, mapping=mapping or plan.mapping)
+
+
+def assert_equal_to_one_device(result):
+    check = result.check
+    assert check["applies"] and check["passed"], check
+    for part in ("loss", "grads", "params"):
+        assert check[part]["rel"] <= TOLERANCE, (part, check[part])
+    assert len(result.losses) == 2 and result.losses[1] < result.losses[0]
+
+
+def expected_actions(order) -> list[str]:
+    return [f"{a.kind}{a.micro_batch}" for a in order]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_two_stages_follow_the_schedule_and_equal_one_device(uno, pool, schedule):
+    cluster = toy_cluster(2)
+    _, record = sequential(uno, cluster, stages=2, replicas=1, micro_batches=4, schedule=schedule)
+    lowered = lower_pipeline(uno, record, cluster)
+    for s, (rank,) in enumerate(record.mapping):
+        assert lowered.actions(rank, uno.graph) == expected_actions(stage_order(s, 2, 4, schedule))
+    result = run_pipeline(uno, record, cluster, steps=2, check=True, pool=pool)
+    assert_equal_to_one_device(result)
+    assert result.schedule == {"followed": True, "waits_on": []}
+    assert sum(c[1] != "transfer" for c in result.communication) == 0  # one replica per stage: nothing to reduce
+
+
+def test_a_batch_wide_loss_normaliser_is_named_when_it_stops_1f1b(gpt2, pool):
+    """Cross-entropy divides by the count of counted targets over the whole batch, which no micro-batch's
+    backward pass can know before every forward pass: the run is still exact, and says why it is not 1F1B."""
+    cluster = toy_cluster(2)
+    _, record = sequential(gpt2, cluster, stages=2, replicas=1, micro_batches=2)
+    result = run_pipeline(gpt2, record, cluster, steps=2, check=True, pool=pool)
+    assert_equal_to_one_device(result)
+    assert not result.schedule["followed"]
+    assert any("nll_loss_forward" in what for what in result.schedule["waits_on"])
+
+
+def test_stage_replicas_sum_gradients_over_their_ranks(gpt2, pool):
+    cluster = toy_cluster(4)
+    _, record = sequential(gpt2, cluster, stages=2, replicas=2, micro_batches=2)
+    result = run_pipeline(gpt2, record, cluster, steps=2, check=True, pool=pool)
+    assert_equal_to_one_device(result)
+    reduced_over = {tuple(c[2]) for c in result.communication if c[1] == "allreduce"}
+    assert reduced_over == {tuple(sorted(row)) for row in record.mapping}  # each stage over its own replicas
+
+
+def test_unequal_replica_counts(uno, pool):
+    cluster = toy_cluster(3)
+    _, record = sequential(uno, cluster, stages=2, replicas=1, micro_batches=2, replica_counts=[1, 2],
+                           mapping=[[0], [1, 2]])
+    assert_equal_to_one_device(run_pipeline(uno, record, cluster, steps=2, check=True, pool=pool))
+
+
+def test_graph_pipeline_of_a_branched_model(uno, pool):
+    cluster = resolve_cluster("examples/toy4.yaml")
+    plan = plan_graph_pipeline(uno.graph, cluster, micro_batches=2)
+    sg = plan.stage_graph
+    assert np.bincount(sg.edge_dst, minlength=sg.num_stages).max() > 1  # a stage joins two branches
+    record = make_pipeline_plan(uno.graph, cluster, partitioner="graphpipe", schedule="1f1b", micro_batches=2,
+                                replicas=sg.replicas.tolist(), reference_gpu=sg.gpu_types[sg.reference_type].name,
+                                forward_assignment=sg.forward_assignment, mapping=plan.mapping,
+                                links=sg.info.get("links", "data"))
+    lowered = lower_pipeline(uno, record, cluster)
+    orders = graph_stage_orders(stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=2), 2)
+    for s, row in enumerate(record.mapping):
+        for rank in row:
+            assert lowered.actions(rank, uno.graph) == expected_actions(orders[s])
+    assert_equal_to_one_device(run_pipeline(uno, record, cluster, steps=2, check=True, pool=pool))
+
+
+def test_executed_transfers_are_the_simulated_ones(uno):
+    """Activation rows forward and their gradients back, once per micro-batch and stage edge: the same
+    count and bytes as the pipeline simulator's transfer tasks."""
+    cluster = toy_cluster(2)
+    plan, record = sequential(uno, cluster, stages=2, replicas=1, micro_batches=2)
+    tg = plan.taskgraph
+    simulated = tg.kind == TASK_TRANSFER
+    executed = [c for p in lower_pipeline(uno, record, cluster).programs for c in p.communication()]
+    assert len(executed) == int(simulated.sum()) == 4
+    assert sum(c[3] for c in executed) == pytest.approx(float(tg.nbytes[simulated].sum()))
+
+
+def test_too_many_micro_batches_for_the_batch_is_one_clear_error(uno):
+    program = zoo_program("candle-uno", tiny=True, batch_size=2)
+    cluster = toy_cluster(2)
+    _, record = sequential(program, cluster, stages=2, replicas=1, micro_batches=2)
+    bad = make_pipeline_plan(program.graph, cluster, partitioner=record.partitioner, schedule="1f1b",
+                             micro_batches=2, replicas=[1, 1], reference_gpu=record.reference_gpu,
+                             forward_assignment=record.forward_assignment, mapping=record.mapping)
+    lowered = lower_pipeline(program, bad, cluster)  # 2 micro-batches of 1 row: fine
+    assert len(lowered.programs) == 2
+    wide = make_pipeline_plan(program.graph, toy_cluster(3), partitioner=record.partitioner, schedule="1f1b",
+                              micro_batches=2, replicas=[1, 2], reference_gpu=record.reference_gpu,
+                              forward_assignment=record.forward_assignment, mapping=[[0], [1, 2]])
+    with pytest.raises(ExecutionError, match="no row"):
+        lower_pipeline(program, wide, toy_cluster(3))
+
+
+def test_cli_runs_a_pipeline_plan_file(tmp_path, capsys):
+    plan = tmp_path / "pipe.json"
+    common = ["--tiny", "--batch-size", "8", "--cluster", "examples/toy4.yaml"]
+    assert main(["pipeline", "gpt2", *common, "--stages", "2", "--replicas", "2", "--micro-batches", "2",
+                 "--out", str(plan), "--json"]) == 0
+    capsys.readouterr()
+    assert main(["run", str(plan), "--model", "gpt2", "--tiny", "--batch-size", "8", "--cluster",
+                 "examples/toy4.yaml", "--check", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["ranks"] == 4 and payload["check"]["passed"] and payload["check"]["applies"]
+    assert payload["collectives"] > 0 and payload["transfers"] > 0
