@@ -161,3 +161,16 @@ def test_cli_runs_a_pipeline_plan_file(tmp_path, capsys):
     payload = json.loads(capsys.readouterr().out)
     assert payload["ranks"] == 4 and payload["check"]["passed"] and payload["check"]["applies"]
     assert payload["collectives"] > 0 and payload["transfers"] > 0
+
+
+def test_cli_runs_the_plan_tag_plan_makes(tmp_path, capsys):
+    """The user's path: `tag plan` searches a placement for a tiny transformer on the 4-device toy cluster,
+    `tag run --check` executes it and matches one device."""
+    plan = tmp_path / "plan.json"
+    common = ["--tiny", "--batch-size", "8", "--cluster", "examples/toy4.yaml"]
+    assert main(["plan", "gpt2", *common, "--num-groups", "8", "--budget", "30", "--out", str(plan), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert main(["run", str(plan), "--model", "gpt2", *common, "--check", "--json"]) == 0
+    payload = json.loads(capsys.readouterr().out)
+    assert payload["ranks"] == 4 and payload["check"]["passed"] and payload["check"]["applies"]
+    assert planned["files"]["plan"] == str(plan)
