@@ -6,13 +6,16 @@ import numpy as np
 
 from tag.errors import TagError
 
-__all__ = ["as_rng"]
+__all__ = ["as_rng", "MAX_SEED"]
+
+MAX_SEED = 2**63 - 1  # METIS and torch take a signed 64-bit seed
 
 
 def as_rng(seed: int | np.random.Generator | None) -> np.random.Generator:
-    """A Generator from a non-negative integer seed (None: fresh entropy); a Generator passes through."""
+    """A Generator from an integer seed in 0..MAX_SEED (None: fresh entropy); a Generator passes through."""
     if isinstance(seed, np.random.Generator):
         return seed
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0):
-        raise TagError(f"seed must be a non-negative integer, a numpy Generator or None, got {seed!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, (int, np.integer))
+                             or not 0 <= seed <= MAX_SEED):
+        raise TagError(f"seed must be an integer in 0..2^63-1, a numpy Generator or None, got {seed!r}")
     return np.random.default_rng(seed)

@@ -19,15 +19,14 @@ A file written by ``Cluster.to_json`` (``format: tag.cluster``) loads as that cl
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import yaml
 
-from tag.cluster.build import INTRA_LATENCY_S, NETWORK_LATENCY_S, Link, Machine, build_cluster
+from tag._read import parse_json, parse_yaml, read_input
+from tag.cluster.build import INTRA_LATENCY_S, MAX_DEVICES, NETWORK_LATENCY_S, Link, Machine, build_cluster
 from tag.cluster.cluster import CLUSTER_FORMAT, Cluster
 from tag.cluster.gpus import DTYPES, GPU_TYPES, GPUType, gpu_type
 from tag.errors import ClusterError, SpecError, TagError
@@ -41,32 +40,27 @@ _MACHINE_FIELDS = ("gpu", "count", "bandwidth", "latency", "nic", "repeat")
 _LINK_FIELDS = ("between", "bandwidth", "latency")
 _NETWORK_FIELDS = ("bandwidth", "latency")
 _GPU_FIELDS = ("memory", "memory_bandwidth", "launch_overhead") + DTYPES
+# Plausible ranges of a spec's quantities, far beyond any real hardware on both sides.
+_BANDWIDTH = (1e3, 1e16)  # bytes/s: 1 kB/s .. 10 PB/s
+_FLOPS = (1e6, 1e19)  # FLOP/s: 1 MFLOPS .. 10 EFLOPS
+_MEMORY_BYTES = (1 << 20, 1 << 50)  # 1 MiB .. 1 PiB
+_MAX_LATENCY_S = 1e3
+_UNITS = {_BANDWIDTH: "bytes/s", _FLOPS: "FLOP/s", _MEMORY_BYTES: "bytes"}
 
 
 def load_cluster(path: str | os.PathLike) -> Cluster:
     """Read a cluster spec (or a saved cluster) from a .yaml, .yml or .json file."""
     path = Path(path)
     source = str(path)
-    if not path.is_file():
-        raise SpecError(f"{source}: cluster spec file not found" if not path.exists()
-                        else f"{source}: not a file")
+    raw = read_input(path, what="cluster spec file", error=SpecError, missing=f"{source}: cluster spec file not found")
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise SpecError(f"{source}: cannot read cluster spec: {exc}") from None
     if path.suffix.lower() == ".json":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise SpecError(f"{source}: malformed JSON: {exc.msg} at line {exc.lineno}, column {exc.colno}") from None
+        data = parse_json(text, where=source, error=SpecError, malformed="malformed JSON")
     else:
-        try:
-            data = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
-            problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-            raise SpecError(f"{source}: malformed YAML: {problem}{where}") from None
+        data = parse_yaml(text, where=source, error=SpecError)
     return parse_cluster_spec(data, source=source, default_name=path.stem)
 
 
@@ -131,6 +125,7 @@ def _parse_machines(entries: Any, custom: dict[str, GPUType], has_matrix: bool) 
     if not isinstance(entries, list) or not entries:
         raise SpecError("machines: expected a non-empty list of machines")
     machines: list[Machine] = []
+    num_devices = 0
     for i, entry in enumerate(entries):
         where = f"machines[{i}]"
         if not isinstance(entry, dict):
@@ -141,6 +136,10 @@ def _parse_machines(entries: Any, custom: dict[str, GPUType], has_matrix: bool) 
         gpu = _gpu(entry["gpu"], custom, f"{where}.gpu")
         count = _positive_int(entry.get("count", 1), f"{where}.count")
         repeat = _positive_int(entry.get("repeat", 1), f"{where}.repeat")
+        num_devices += count * repeat  # checked before the list of machines is built
+        if num_devices > MAX_DEVICES:
+            raise ClusterError(f"{where}: brings the cluster to {num_devices:,} devices; tag plans for at most "
+                               f"{MAX_DEVICES}")
         bandwidth = entry.get("bandwidth")
         if has_matrix and bandwidth is not None:
             raise SpecError(f"{where}.bandwidth: conflicts with bandwidth_matrix; give one or the other")
@@ -213,14 +212,15 @@ def _parse_gpus(entries: Any) -> dict[str, GPUType]:
         peaks = tuple((dtype, parse_flops(entry[dtype], what=f"{where}.{dtype}")) for dtype in DTYPES if dtype in entry)
         custom[key] = GPUType(
             name=key,
-            memory_bytes=_positive(parse_bytes(entry["memory"], what=f"{where}.memory"), f"{where}.memory"),
+            memory_bytes=_in_range(parse_bytes(entry["memory"], what=f"{where}.memory"), _MEMORY_BYTES,
+                                   f"{where}.memory", entry["memory"]),
             memory_bandwidth=_bandwidth(entry["memory_bandwidth"], f"{where}.memory_bandwidth"),
             peak_flops=peaks,
             launch_overhead_s=_latency(entry.get("launch_overhead", 5e-6), f"{where}.launch_overhead"),
             description="defined in the spec",
         )
         for dtype, value in peaks:
-            _positive(value, f"{where}.{dtype}")
+            _in_range(value, _FLOPS, f"{where}.{dtype}", entry[dtype])
     return custom
 
 
@@ -244,13 +244,15 @@ def _gpu(name: Any, custom: dict[str, GPUType], where: str) -> GPUType:
 
 
 def _bandwidth(value: Any, where: str) -> float:
-    return _positive(_signed(parse_bandwidth, value, where), where, value)
+    return _in_range(_signed(parse_bandwidth, value, where), _BANDWIDTH, where, value)
 
 
 def _latency(value: Any, where: str) -> float:
     seconds = _signed(parse_time, value, where)
     if not np.isfinite(seconds) or seconds < 0:
         raise ClusterError(f"{where}: latency must be finite and non-negative, got {value!r}")
+    if seconds > _MAX_LATENCY_S:
+        raise ClusterError(f"{where}: latency must be at most {_MAX_LATENCY_S:g} s, got {value!r}")
     return seconds
 
 
@@ -261,14 +263,19 @@ def _signed(parse, value: Any, where: str) -> float:
     return parse(value, what=where)
 
 
-def _positive(number: float, where: str, shown: Any = None) -> float:
+def _in_range(number: float, bounds: tuple[float, float], where: str, shown: Any) -> float:
+    """``number`` if it is positive and within ``bounds`` (far outside them the simulator's times overflow or
+    underflow, and its errors would name a task instead of this field)."""
     if not np.isfinite(number) or number <= 0:
-        raise ClusterError(f"{where}: must be positive and finite, got {shown if shown is not None else number!r}")
+        raise ClusterError(f"{where}: must be positive and finite, got {shown!r}")
+    low, high = bounds
+    if not low <= number <= high:
+        raise ClusterError(f"{where}: must be in {low:g}..{high:g} ({_UNITS[bounds]}), got {shown!r}")
     return number
 
 
 def _positive_int(value: Any, where: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise SpecError(f"{where}: expected a positive integer, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DEVICES:
+        raise SpecError(f"{where}: expected an integer in 1..{MAX_DEVICES}, got {value!r}")
     return value
 

@@ -13,16 +13,15 @@ Layout (schema_version 1)::
 from __future__ import annotations
 
 import gzip
-import zlib
 import json
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from tag._atomic import atomic_write_bytes
+from tag._read import parse_json, read_input
 from tag._schema import check_header
 from tag.cluster.gpus import DTYPES, gpu_type
 from tag.errors import GraphError, SchemaError, TagError
@@ -174,18 +173,8 @@ def save_graph(graph: OpGraph, path: str | os.PathLike) -> None:
 
 
 def load_graph(path: str | os.PathLike) -> OpGraph:
-    path = Path(path)
-    if path.is_dir():
-        raise SchemaError(f"{path}: is a directory, not a graph file")
-    if not path.is_file():
-        raise SchemaError(f"{path}: no such graph file")
-    try:
-        raw = path.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
-        doc = json.loads(raw)
-    except (OSError, EOFError, zlib.error, ValueError, RecursionError) as error:
-        raise SchemaError(f"{path}: not a valid JSON(.gz) graph file ({type(error).__name__}: {error})") from None
+    raw = read_input(path, what="graph file", error=SchemaError, gunzip=True)
+    doc = parse_json(raw, where=str(path), error=SchemaError, malformed="not a valid JSON(.gz) graph file")
     try:
         return graph_from_json(doc, where=str(path))
     except (OverflowError, ValueError, TypeError) as error:

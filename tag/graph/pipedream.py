@@ -79,6 +79,7 @@ import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from tag._read import read_input
 from tag.errors import ProfileError
 from tag.graph.opgraph import (
     ROLE_BACKWARD,
@@ -157,10 +158,10 @@ def parse_pipedream(path: str | Path) -> tuple[list[PipeDreamLayer], list[tuple[
     cycle are errors.
     """
     path = Path(path)
+    raw = read_input(path, what="PipeDream profile", error=ProfileError,
+                     missing=f"{path}: cannot read PipeDream profile: no such file")
     try:
-        text = path.read_text()
-    except OSError as exc:
-        raise ProfileError(f"{path}: cannot read PipeDream profile: {exc.strerror or exc}") from None
+        text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise ProfileError(f"{path}: not a text file") from None
     layers: list[PipeDreamLayer] = []

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from tag._read import check_input_file, input_is_file
 from tag.errors import ModelError
 from tag.graph.io import load_graph
 from tag.graph.opgraph import OpGraph
@@ -43,10 +44,10 @@ def resolve_model(text: str, *, batch_size: int | None = None, tiny: bool = Fals
     elif text.lower().endswith(".txt"):
         from tag.graph.pipedream import load_pipedream
 
-        if not Path(text).is_file():
-            raise ModelError(f"{text}: no such PipeDream profile")
+        if not input_is_file(text):
+            check_input_file(text, what="PipeDream profile", error=ModelError)  # says why not
         graph = load_pipedream(text)
-    elif prebuilt_path(text, tiny=tiny).is_file():
+    elif input_is_file(prebuilt_path(text, tiny=tiny)):
         graph = load_graph(prebuilt_path(text, tiny=tiny))  # no torch import needed
         if batch_size is not None and batch_size != graph.batch_size:
             from tag.graph.tracer import trace_zoo

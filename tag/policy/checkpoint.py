@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import torch
 
 from tag._atomic import atomic_open
-from tag.errors import OutputError
+from tag._read import check_input_file
+from tag.errors import OutputError, TagError
 from tag.policy.errors import PolicyError
 from tag.policy.features import FEATURE_VERSION
 from tag.policy.gnn import HeteroPolicy, PolicyConfig
@@ -95,13 +97,7 @@ def read_checkpoint(path: str | os.PathLike, fmt: str, required: tuple[str, ...]
     """The payload dict of a checkpoint file of format ``fmt`` holding ``required`` keys, read with
     ``weights_only=True``; PolicyError naming ``what`` when it is missing, corrupt or of another format."""
     path = Path(path)
-    if not path.is_file():
-        raise PolicyError(f"no {what} at {str(path)!r}")
-    try:
-        payload = torch.load(path, map_location=map_location, weights_only=True)
-    except Exception as exc:  # torch raises pickle, zip, EOF and runtime errors for a damaged file
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise PolicyError(f"{str(path)!r} is not a readable {what}: {reason[:200]}") from None
+    payload = load_torch_file(path, what=what, error=PolicyError, map_location=map_location)
     if not isinstance(payload, dict) or payload.get("format") != fmt:
         found = payload.get("format") if isinstance(payload, dict) else type(payload).__name__
         raise PolicyError(f"{str(path)!r} is not a {what} (format {found!r}, expected {fmt!r})")
@@ -109,6 +105,28 @@ def read_checkpoint(path: str | os.PathLike, fmt: str, required: tuple[str, ...]
     if missing:
         raise PolicyError(f"{what} {str(path)!r} lacks {', '.join(missing)}")
     return payload
+
+
+def load_torch_file(path: str | os.PathLike, *, what: str, error: type[TagError],
+                    map_location: str | torch.device = "cpu") -> Any:
+    """``torch.load(path, weights_only=True)``; ``error`` naming ``what`` and the reason when the file is
+    missing, cannot be read, is damaged, or needs a global that weights-only loading refuses."""
+    check_input_file(path, what=what, error=error, missing=f"no {what} at {str(path)!r}", limit=1 << 40)
+    try:
+        return torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as exc:  # torch raises pickle, zip, EOF and runtime errors for a damaged file
+        raise error(f"{str(path)!r} is not a readable {what}: {_load_failure(exc)}") from None
+
+
+def _load_failure(exc: Exception) -> str:
+    """One line saying why torch.load failed: for a refused pickle the global it refused (torch's message
+    buries it under a paragraph about the weights_only default)."""
+    text = str(exc).strip()
+    refused = re.search(r"GLOBAL ([\w.]+)", text)  # torch words it differently from version to version
+    if refused:
+        return f"Unsupported global: {refused.group(1)} (weights-only loading runs no code from a checkpoint)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[0][:300] if lines else type(exc).__name__
 
 
 def load_weights(model: torch.nn.Module, state: Any, where: str) -> None:

@@ -55,6 +55,13 @@ __all__ = ["PolicyConfig", "HeteroPolicy", "build_policy", "action_logits", "act
            "segment_log_softmax"]
 
 
+# Upper bounds of the hyper-parameters, 8x and 4x the shipped ones: a checkpoint or config cannot make tag
+# allocate more than ~200 MB of weights.
+MAX_WIDTH = 512  # hidden, decoder_hidden
+MAX_HEADS = 64
+MAX_LAYERS = 16
+
+
 @dataclass(frozen=True)
 class PolicyConfig:
     """The GNN's hyper-parameters, for the entry points (training, CLI, checkpoints)."""
@@ -217,10 +224,11 @@ def policy_loss(model: HeteroPolicy, data_list: Sequence[HeteroData], targets: S
 
 def _check_hyper_parameters(*, hidden: Any, heads: Any, num_layers: Any, gamma_same: Any, gamma_cross: Any,
                             decoder_hidden: Any) -> None:
-    for name, value, least in (("hidden", hidden, 1), ("heads", heads, 1), ("num_layers", num_layers, 0),
-                               ("decoder_hidden", decoder_hidden, 1)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
-            raise PolicyError(f"{name} must be an integer >= {least}, got {value!r}")
+    for name, value, least, most in (("hidden", hidden, 1, MAX_WIDTH), ("heads", heads, 1, MAX_HEADS),
+                                     ("num_layers", num_layers, 0, MAX_LAYERS),
+                                     ("decoder_hidden", decoder_hidden, 1, MAX_WIDTH)):
+        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not least <= value <= most:
+            raise PolicyError(f"{name} must be an integer in {least}..{most}, got {value!r}")
     if hidden % heads:
         raise PolicyError(f"heads ({heads}) must divide hidden ({hidden})")
     for name, value in (("gamma_same", gamma_same), ("gamma_cross", gamma_cross)):

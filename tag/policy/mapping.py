@@ -66,10 +66,12 @@ from torch_geometric.nn import GATv2Conv
 from tag._arrays import csr_by_key
 from tag._atomic import atomic_open
 from tag._compiled import jit as _jit
+from tag._read import check_input_file
 from tag.errors import OutputError
 from tag.exact.mapping import ALLREDUCE, P2P, MappingProblem
 from tag.policy.checkpoint import load_weights, read_checkpoint
 from tag.policy.errors import PolicyError
+from tag.policy.gnn import MAX_HEADS, MAX_LAYERS, MAX_WIDTH
 
 __all__ = [
     "MappingPolicyConfig", "MappingPolicy", "MappingInstance", "DecoderTables", "MappingDecoder",
@@ -406,10 +408,10 @@ class MappingPolicyConfig:
     num_layers: int = 3  # message-passing layers per edge type
 
     def __post_init__(self) -> None:
-        for name in ("hidden", "heads", "num_layers"):
+        for name, most in (("hidden", MAX_WIDTH), ("heads", MAX_HEADS), ("num_layers", MAX_LAYERS)):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise PolicyError(f"{name} must be a positive integer, got {value!r}")
+            if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+                raise PolicyError(f"{name} must be an integer in 1..{most}, got {value!r}")
         if self.hidden % self.heads:
             raise PolicyError(f"heads ({self.heads}) must divide hidden ({self.hidden})")
 
@@ -1182,9 +1184,9 @@ def resolve_mapping_policy(policy: MappingPolicy | str | os.PathLike | None) -> 
     if isinstance(policy, MappingPolicy):
         return policy
     path = Path(shipped_mapping_checkpoint() if policy is None else policy)
-    if not path.is_file():
-        raise PolicyError(f"no mapping policy checkpoint at {str(path)!r}"
-                          + (" (train one with scripts/train_mapper.py --ship)" if policy is None else ""))
+    check_input_file(path, what="mapping policy checkpoint", error=PolicyError, limit=1 << 40,
+                     missing=f"no mapping policy checkpoint at {str(path)!r}"
+                     + (" (train one with scripts/train_mapper.py --ship)" if policy is None else ""))
     return _cached_policy(str(path), path.stat().st_mtime)
 
 

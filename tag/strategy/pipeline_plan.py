@@ -25,7 +25,6 @@ Fingerprints are identity, as for strategy plans: a plan for another model or cl
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,7 +39,8 @@ from tag.exact.stage_graph import LINKS
 from tag.graph import OpGraph
 from tag.strategy.errors import PlanError
 from tag.strategy.fingerprint import graph_fingerprint
-from tag.strategy.plan import PLAN_FORMAT, PLAN_SCHEMA_VERSION, _dumps, _field, _int_list, _jsonable, check_fingerprints
+from tag.strategy.plan import (PLAN_FORMAT, PLAN_SCHEMA_VERSION, _dumps, _field, _int_list, _jsonable,
+                                check_fingerprints, read_plan_document)
 
 __all__ = [
     "PIPELINE_KIND",
@@ -152,8 +152,19 @@ def make_pipeline_plan(graph: OpGraph, cluster: Cluster, *, partitioner: str, sc
 
 def check_pipeline_plan(plan: PipelinePlanFile, *, graph: OpGraph | None = None, cluster: Cluster | None = None,
                         where: str = "plan") -> None:
-    """PlanMismatchError unless ``plan`` was made for ``graph`` and ``cluster`` (each checked when given)."""
+    """PlanMismatchError unless ``plan`` was made for ``graph`` and ``cluster`` (each checked when given);
+    PlanError when its micro-batches do not fit the graph's batch or its reference GPU is not the cluster's."""
     check_fingerprints(plan, graph=graph, cluster=cluster, where=where)
+    # `tag pipeline` refuses these too: each replica's micro-batch needs a sample (GraphPipe: each micro-batch)
+    widest = 1 if plan.partitioner == "graphpipe" else max(plan.replicas)
+    if graph is not None and plan.micro_batches * widest > graph.batch_size:
+        raise PlanError(f"{where}: pipeline.micro_batches {plan.micro_batches} x {widest} replicas exceed the "
+                        f"batch of {graph.batch_size} samples")
+    if cluster is not None and plan.num_devices != cluster.num_devices:
+        raise PlanError(f"{where}: cluster.num_devices is {plan.num_devices}; the cluster has {cluster.num_devices}")
+    if cluster is not None and plan.reference_gpu not in {gpu.name for gpu in cluster.types}:
+        raise PlanError(f"{where}: pipeline.reference_gpu {plan.reference_gpu!r} is not a GPU type of the cluster "
+                        f"({', '.join(gpu.name for gpu in cluster.types)})")
 
 
 # --------------------------------------------------------------------------------------- JSON
@@ -231,20 +242,11 @@ def save_pipeline_plan(plan: PipelinePlanFile, path: str | os.PathLike) -> None:
     atomic_write_text(path, _dumps(pipeline_plan_to_json(plan)))
 
 
-def _read(path: Path) -> Any:
-    if not path.is_file():
-        raise PlanError(f"{path}: no such plan file")
-    try:
-        return json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise PlanError(f"{path}: not a valid JSON plan file ({error})") from None
-
-
 def load_pipeline_plan(path: str | os.PathLike, *, graph: OpGraph | None = None,
                        cluster: Cluster | None = None) -> PipelinePlanFile:
     """Read and validate a pipeline plan file; with ``graph``/``cluster``, also check it was made for them."""
     path = Path(path)
-    plan = pipeline_plan_from_json(_read(path), where=str(path))
+    plan = pipeline_plan_from_json(read_plan_document(path), where=str(path))
     check_pipeline_plan(plan, graph=graph, cluster=cluster, where=str(path))
     return plan
 
@@ -253,7 +255,7 @@ def plan_kind(path: str | os.PathLike) -> str | None:
     """The ``kind`` of a plan file ("strategy", "pipeline"), or None when the file cannot tell (missing,
     not JSON, no kind): the loaders then say what is wrong."""
     try:
-        doc = _read(Path(path))
+        doc = read_plan_document(path)
     except PlanError:
         return None
     kind = doc.get("kind") if isinstance(doc, dict) else None

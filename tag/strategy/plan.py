@@ -37,8 +37,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from tag._schema import check_header
 from tag._atomic import atomic_write_text
+from tag._read import parse_json, read_input
+from tag._schema import check_header
 from tag.cluster import Cluster
 from tag.graph import OpGraph
 from tag.strategy.errors import PlanError, PlanMismatchError, StrategyError
@@ -329,12 +330,12 @@ def save_plan(plan: Plan, path: str | os.PathLike) -> None:
 def load_plan(path: str | os.PathLike, *, graph: OpGraph | None = None, cluster: Cluster | None = None) -> Plan:
     """Read and validate a plan file; with ``graph``/``cluster``, also check it was made for them."""
     path = Path(path)
-    if not path.is_file():
-        raise PlanError(f"{path}: no such plan file")
-    try:
-        doc = json.loads(path.read_bytes())
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise PlanError(f"{path}: not a valid JSON plan file ({error})") from None
-    plan = plan_from_json(doc, where=str(path))
+    plan = plan_from_json(read_plan_document(path), where=str(path))
     check_plan(plan, graph=graph, cluster=cluster, where=str(path))
     return plan
+
+
+def read_plan_document(path: str | os.PathLike) -> Any:
+    """The decoded JSON of a plan file (either kind); PlanError when it cannot be read or parsed."""
+    raw = read_input(path, what="plan file", error=PlanError)
+    return parse_json(raw, where=str(path), error=PlanError, malformed="not a valid JSON plan file")

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tag._read import read_input
+from tag._rng import MAX_SEED
 from tag.policy import PolicyConfig, PolicyError
 from tag.training.errors import TrainingError
 
@@ -112,10 +114,11 @@ class TrainConfig:
 def load_config(path: str | os.PathLike) -> TrainConfig:
     """Read a TOML config file (stdlib tomllib)."""
     path = Path(path)
-    if not path.is_file():
-        raise TrainingError(f"no training config at {str(path)!r}")
+    raw = read_input(path, what="training config", error=TrainingError, missing=f"no training config at {str(path)!r}")
     try:
-        document = tomllib.loads(path.read_text(encoding="utf-8"))
+        document = tomllib.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise TrainingError(f"{str(path)!r}: tables and arrays nest too deep") from None
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise TrainingError(f"{str(path)!r} is not valid TOML: {exc}") from None
     return TrainConfig.from_dict(document, where=str(path))
@@ -123,10 +126,14 @@ def load_config(path: str | os.PathLike) -> TrainConfig:
 
 # ------------------------------------------------------------------------------------------- validation
 
-_INTS = {"num_groups": 1, "mcts_iterations": 1, "min_visits": 1, "leaf_batch": 1, "games_per_round": 1,
-         "updates_per_round": 0, "batch_size": 1, "replay_capacity": 1, "min_replay": 1,
-         "validation_instances": 0, "validation_iterations": 1, "total_steps": 0, "workers": 0,
-         "checkpoint_every": 1, "validate_every": 1, "log_every": 1, "seed": 0}
+# Inclusive ranges of the integer fields: the upper bounds are far above any useful run and keep a typo
+# from allocating without limit (replay_capacity states) or overflowing a 64-bit seed.
+_INTS = {"num_groups": (1, 10_000), "mcts_iterations": (1, 10**6), "min_visits": (1, 10**6), "leaf_batch": (1, 4096),
+         "games_per_round": (1, 10**5), "updates_per_round": (1, 10**5), "batch_size": (1, 1 << 16),
+         "replay_capacity": (1, 10**7), "min_replay": (1, 10**7), "validation_instances": (0, 10**4),
+         "validation_iterations": (1, 10**6), "total_steps": (0, 10**9), "workers": (0, 1024),
+         "checkpoint_every": (1, 10**9), "validate_every": (1, 10**9), "log_every": (1, 10**9),
+         "seed": (0, MAX_SEED)}
 _FLOATS = {"c_puct": (0.0, math.inf), "root_noise": (0.0, 1.0), "noise_alpha": (1e-9, math.inf),
            "learning_rate": (1e-12, math.inf), "weight_decay": (0.0, math.inf), "grad_clip": (1e-12, math.inf)}
 
@@ -139,10 +146,13 @@ def _validate(config: TrainConfig) -> None:
     from tag.models import MODELS
     from tag.search.placement import FILLS, ORDERS
 
-    for name, least in _INTS.items():
+    for name, (least, most) in _INTS.items():
         value = getattr(config, name)
-        if not _is_int(value) or value < least:
-            raise TrainingError(f"{name} must be an integer >= {least}, got {value!r}")
+        if not _is_int(value) or not least <= value <= most:
+            raise TrainingError(f"{name} must be an integer in {least}..{most}, got {value!r}")
+    if config.replay_capacity < config.min_replay:  # the buffer would never hold enough to take a step
+        raise TrainingError(f"replay_capacity ({config.replay_capacity}) must be at least min_replay "
+                            f"({config.min_replay})")
     for name, (low, high) in _FLOATS.items():
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:

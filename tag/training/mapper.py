@@ -45,6 +45,7 @@ from tag.exact import ForwardGraph, build_stage_graph, partition_pipedream
 from tag.exact.mapping import MappingProblem, choose_instantiation, solve_mapping
 from tag.exact.stage_graph import StageGraph
 from tag.graph.resolve import resolve_model
+from tag.policy.checkpoint import load_torch_file
 from tag.policy.mapping import (
     MappingDecoder,
     MappingInstance,
@@ -201,10 +202,7 @@ def _example_from_dict(row: dict[str, Any]) -> MappingExample:
 def _load_examples(path: Path, config: MapperTrainConfig) -> tuple[list[MappingExample], list[MappingExample]] | None:
     if not path.is_file():
         return None
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # a damaged file: torch raises pickle, zip, EOF and runtime errors
-        raise TrainingError(f"{str(path)!r} is not readable training data: {str(exc)[:200]}") from None
+    payload = load_torch_file(path, what="training data file", error=TrainingError)
     if not isinstance(payload, dict) or payload.get("config") != _data_key(config):
         raise TrainingError(f"{str(path)!r} holds data of another configuration; remove it or use another --out")
     return ([_example_from_dict(r) for r in payload["train"]], [_example_from_dict(r) for r in payload["validation"]])

@@ -19,6 +19,7 @@ import torch
 from tag._atomic import atomic_open
 from tag.errors import OutputError
 from tag.policy import FEATURE_VERSION, HeteroPolicy
+from tag.policy.checkpoint import load_torch_file
 from tag.training.config import RUNTIME_FIELDS, TrainConfig
 from tag.training.errors import TrainingError
 from tag.training.selfplay import Sample
@@ -64,13 +65,7 @@ def load_train_state(path: str | os.PathLike, expected: TrainConfig | None = Non
     fields that only say how long or how the run executes (RUNTIME_FIELDS), which ``expected`` overrides.
     TrainingError when the file is missing, corrupt, of another format, or mismatched."""
     path = Path(path)
-    if not path.is_file():
-        raise TrainingError(f"no training checkpoint at {str(path)!r}")
-    try:
-        payload = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # torch raises pickle, zip, EOF and runtime errors for a damaged file
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TrainingError(f"{str(path)!r} is not a readable training checkpoint: {reason[:200]}") from None
+    payload = load_torch_file(path, what="training checkpoint", error=TrainingError)
     where = f"training checkpoint {str(path)!r}"
     if not isinstance(payload, dict) or payload.get("format") != TRAIN_FORMAT:
         raise TrainingError(f"{str(path)!r} is not a training checkpoint (expected format {TRAIN_FORMAT!r})")
