@@ -56,7 +56,7 @@ def bad_inputs(tmp_path):
         "bad preset argument": (["show", "resnet101", "--cluster", "mesh2d:8y8"], "8y8"),
         "missing graph file": (["show", str(tmp_path / "nothing.json.gz")], "no such graph file"),
         "directory as graph": (["show", str(_mkdir(tmp_path / "dir.json"))], "is a directory"),
-        "corrupt gzip": (["show", _write_bytes(tmp_path / "z.json.gz", b"\x1f\x8bgarbage")], "not a valid JSON"),
+        "corrupt gzip": (["show", _write_bytes(tmp_path / "z.json.gz", b"\x1f\x8bgarbage")], "not valid gzip"),
         "meta not an object": (["show", _graph_file(tmp_path, "meta.json", lambda d: d.update(meta=[]))], "meta"),
         "bad meta parameters": (["show", _graph_file(tmp_path, "p.json", lambda d: d["meta"].update(parameters="abc"))], "meta.parameters"),
         "too many devices": (["show", "resnet101", "--cluster", "mesh2d:300x300"], "at most 4096"),

@@ -37,17 +37,12 @@ What the OpGraph holds (one op per aten call, placeholders included):
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import logging
 import math
 import operator
-import os
-import sys
 import time
 from collections import Counter
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -60,6 +55,7 @@ from tag.graph._sharding import OVERRIDE_RULES as SPLIT_OVERRIDE_RULES
 from tag.graph._sharding import OpResult, Ref, TensorDesc, analyse_sharding
 from tag.graph.flops import FLOP_SOURCE_REGISTRY, op_flops
 from tag.graph.opgraph import ROLES, SPLIT_CLASSES, OpGraph
+from tag.graph.user_code import describe_failure, load_user_function
 
 __all__ = ["trace", "trace_zoo", "load_user_function", "OPTIMIZERS", "SPLIT_OVERRIDE_RULES", "SPLIT_FALLBACK_RULES"]
 
@@ -252,20 +248,31 @@ def _mutating_ops(graph: torch.fx.Graph) -> list[torch.fx.Node]:
     ]
 
 
+@contextmanager
+def _quiet_fake_tensors() -> Iterator[None]:
+    """Mute torch's fake-tensor logger, which logs a traceback for a kernel failure we report in one line."""
+    logger = logging.getLogger("torch._subclasses.fake_tensor")
+    disabled, logger.disabled = logger.disabled, True
+    try:
+        yield
+    finally:
+        logger.disabled = disabled
+
+
 def _make_fx(step: _TrainStep, flat: list, report: _Reporter, name: str) -> torch.fx.GraphModule:
     from torch.fx.experimental.proxy_tensor import make_fx
 
     try:
-        with report.phase("make_fx"):
+        with report.phase("make_fx"), _quiet_fake_tensors():
             module = make_fx(step, decomposition_table=_DECOMPOSITIONS, tracing_mode="fake", _allow_non_fake_inputs=True)(*flat)
         if _mutating_ops(module.graph):
-            with report.phase("functionalize"):
+            with report.phase("functionalize"), _quiet_fake_tensors():
                 module = make_fx(torch.func.functionalize(module, remove="mutations"), tracing_mode="fake")(*flat)
     except ModelError:
         raise
-    except Exception as error:
-        message = str(error).strip().splitlines()[0] if str(error).strip() else ""
-        raise ModelError(f"{name}: cannot trace the train step: {type(error).__name__}: {message}") from error
+    except (Exception, SystemExit) as error:  # the user's forward or loss ran: it may call sys.exit
+        detail = describe_failure(error).removeprefix("raised ").splitlines()[0]
+        raise ModelError(f"{name}: cannot trace the train step: {detail}") from error
     graph = module.graph
     for node in list(graph.nodes):
         if node.op != "call_function":
@@ -766,65 +773,3 @@ def trace_zoo(name: str, *, tiny: bool = False, batch_size: int | None = None, *
 
     model, inputs, loss_fn = get_model(name).build(tiny=tiny, batch_size=batch_size, device="meta")
     return trace(model, inputs, loss_fn, name=f"{name}-tiny" if tiny else name, **trace_options)
-
-
-def _import_spec(target: str) -> Any:
-    """The module named by the left side of a MODULE:FUNCTION or FILE.py:FUNCTION spec."""
-    if target.endswith(".py") or os.sep in target or "/" in target:
-        path = Path(target).expanduser()
-        if not path.is_file():
-            raise SpecError(f"{target}: no such Python file")
-        module_name = f"_tag_user_{abs(hash(str(path.resolve())))}"
-        spec = importlib.util.spec_from_file_location(module_name, path)
-        if spec is None or spec.loader is None:
-            raise SpecError(f"{target}: cannot be imported as a Python file")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module
-        try:
-            spec.loader.exec_module(module)
-        except Exception as error:
-            sys.modules.pop(module_name, None)
-            raise ModelError(f"{target}: importing it raised {type(error).__name__}: {error}") from error
-        return module
-    try:
-        return importlib.import_module(target)
-    except ModuleNotFoundError as error:
-        if error.name and (target == error.name or target.startswith(error.name + ".")):
-            raise SpecError(f"no module named {target!r}") from None
-        raise ModelError(f"{target}: importing it raised ModuleNotFoundError: {error}") from error
-    except Exception as error:
-        raise ModelError(f"{target}: importing it raised {type(error).__name__}: {error}") from error
-
-
-def load_user_function(spec: str) -> tuple[nn.Module, tuple, Callable]:
-    """Call ``"package.module:function"`` or ``"path/to/file.py:function"``; it must return
-    ``(model, example_inputs, loss_fn)``. SpecError if the spec does not resolve, ModelError if the
-    function fails or returns something else."""
-    if not isinstance(spec, str) or ":" not in spec:
-        raise SpecError(f"model spec {spec!r} must look like MODULE:FUNCTION or FILE.py:FUNCTION")
-    target, _, function_name = spec.rpartition(":")
-    if not target or not function_name.isidentifier():
-        raise SpecError(f"model spec {spec!r} must look like MODULE:FUNCTION or FILE.py:FUNCTION")
-    module = _import_spec(target)
-    function = getattr(module, function_name, None)
-    if function is None:
-        raise SpecError(f"{target} has no function {function_name!r}")
-    if not callable(function):
-        raise SpecError(f"{target}:{function_name} is a {type(function).__name__}, not a function")
-    try:
-        result = function()
-    except Exception as error:
-        raise ModelError(f"{spec} raised {type(error).__name__}: {error}") from error
-    if not isinstance(result, (tuple, list)) or len(result) != 3:
-        got = f"a {len(result)}-tuple" if isinstance(result, (tuple, list)) else type(result).__name__
-        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn), got {got}")
-    model, inputs, loss_fn = result
-    if isinstance(inputs, torch.Tensor):
-        inputs = (inputs,)
-    if not isinstance(model, nn.Module):
-        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn); its model is a {type(model).__name__}")
-    if not isinstance(inputs, (tuple, list)) or not all(isinstance(x, torch.Tensor) for x in inputs) or not inputs:
-        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn); example_inputs must be a tuple of tensors")
-    if not callable(loss_fn):
-        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn); its loss_fn is not callable")
-    return model, tuple(inputs), loss_fn
