@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import tempfile
 from pathlib import Path
-from typing import Iterator, BinaryIO
+from typing import BinaryIO, Callable, Iterator
 
-__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_open"]
+from tag.errors import OutputError
+
+__all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_open", "staged_outputs"]
 
 
 @contextlib.contextmanager
@@ -47,3 +50,32 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
+
+
+@contextlib.contextmanager
+def staged_outputs() -> Iterator[Callable[[str | os.PathLike], Path]]:
+    """All of a command's output files or none: ``stage(path)`` names a temporary file beside ``path`` to
+    write in full; when the block ends without error each is renamed over its target, else all are removed."""
+    staged: list[tuple[Path, Path]] = []
+
+    def stage(path: str | os.PathLike) -> Path:
+        path = Path(path)
+        # Not created here, so that the writer gives it the mode a new file gets; the suffix stays last,
+        # since some writers choose the format by it.
+        temporary = path.with_name(f".{path.stem[:64]}.{secrets.token_hex(6)}.staged{path.suffix}")
+        staged.append((temporary, path))
+        return temporary
+
+    try:
+        yield stage
+        for temporary, path in staged:
+            with contextlib.suppress(OSError):
+                os.chmod(temporary, path.stat().st_mode & 0o7777)  # a replaced file keeps its mode
+            try:
+                os.replace(temporary, path)
+            except OSError as error:
+                raise OutputError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
+    finally:
+        for temporary, _ in staged:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)

@@ -13,8 +13,9 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NoReturn, Sequence
 
+from tag._atomic import staged_outputs
 from tag.errors import OutputError, TagError
 
 __all__ = ["main", "build_parser"]
@@ -26,6 +27,20 @@ def _console():
     from rich.console import Console
 
     return Console(highlight=False)
+
+
+def _shown(value: Any) -> Any:
+    """``value`` with every string escaped for rich markup, so that names from the user's files (a cluster
+    called "[/]") print as written; the printers add their own markup around them."""
+    from rich.markup import escape
+
+    if isinstance(value, str):
+        return escape(value)
+    if isinstance(value, dict):
+        return {key: _shown(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_shown(item) for item in value]
+    return value
 
 
 def _finite(value: Any) -> Any:
@@ -49,15 +64,19 @@ def _output_path(text: str, *, flag: str = "--out", suffixes: tuple[str, ...] = 
     """Checked before any long work: a file name with one of ``suffixes`` whose folder exists or can be made."""
     path = Path(text)
     expected = " or ".join(suffixes)
-    if not text or path.is_dir():
-        raise OutputError(f"{flag} {text!r}: expected a file name ending in {expected}")
-    if not text.lower().endswith(suffixes):
-        raise OutputError(f"{flag} {text!r}: the {what} name must end in {expected}")
-    for parent in path.parents:
-        if parent.exists():
-            if not parent.is_dir() or not os.access(parent, os.W_OK):
-                raise OutputError(f"{flag} {text!r}: cannot write into {str(parent)!r}")
-            break
+    try:
+        if not text or path.is_dir():
+            raise OutputError(f"{flag} {text!r}: expected a file name ending in {expected}")
+        if not text.lower().endswith(suffixes):
+            raise OutputError(f"{flag} {text!r}: the {what} name must end in {expected}")
+        for parent in path.parents:
+            if parent.exists():
+                if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+                    raise OutputError(f"{flag} {text!r}: cannot write into {str(parent)!r}")
+                break
+    except (OSError, ValueError) as error:  # a folder name the OS refuses (too long), a NUL
+        reason = error.strerror if isinstance(error, OSError) else str(error)
+        raise OutputError(f"{flag} {text[:80]!r}{'…' if len(text) > 80 else ''}: {reason}") from None
     return path
 
 
@@ -78,6 +97,7 @@ def _int_in(low: int, high: int, shown: str):
 _batch_size = _int_in(1, 2**31, "1..2^31")
 _positive_int = _int_in(1, 10**9, "1..10^9")
 _num_groups = _int_in(1, 10_000, "1..10000")
+_seed = _int_in(0, 2**63 - 1, "0..2^63-1")  # tag._rng.MAX_SEED: METIS and torch take a signed 64-bit seed
 
 
 def _positive_seconds(text: str) -> float:
@@ -194,6 +214,7 @@ def cmd_show(args: argparse.Namespace) -> dict:
     from rich.table import Table
 
     console = _console()
+    payload = _shown(payload)  # printed from here on; --json returned above
     table = Table(title=f"{payload['model']} (batch {payload['batch_size']}, from {payload['source']})", show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
@@ -205,7 +226,7 @@ def cmd_show(args: argparse.Namespace) -> dict:
     table.add_row("training memory (Adam)", format_bytes(payload["training_memory_bytes"]))
     console.print(table)
     if cluster is not None:
-        fit = Table(title=f"Fit on {cluster.name} ({cluster.num_devices} devices)")
+        fit = Table(title=f"Fit on {payload['cluster']['name']} ({cluster.num_devices} devices)")
         for column in ("GPU", "count", "memory", "fits whole model", "one-device iteration"):
             fit.add_column(column)
         for row in payload["fits_on"]:
@@ -225,13 +246,13 @@ def cmd_trace(args: argparse.Namespace) -> dict:
     out = _output_path(args.out)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     try:
-        save_graph(graph, out)
+        save_graph(graph, _staged(args, str(out)))
     except OSError as error:
         raise OutputError(f"--out {args.out!r}: {error.strerror or error}") from None
     payload = {"out": str(args.out), **_model_summary(graph)}
     if not args.json:
         roles = ", ".join(f"{n} {role}" for role, n in payload["ops"].items())
-        _console().print(f"wrote {args.out}: {graph.num_ops} ops ({roles}), {graph.num_edges} edges, {graph.parameters:,} parameters")
+        _console().print(f"wrote {_shown(args.out)}: {graph.num_ops} ops ({roles}), {graph.num_edges} edges, {graph.parameters:,} parameters")
     return payload
 
 
@@ -241,16 +262,23 @@ def _write_views(args: argparse.Namespace, result, taskgraph, title: str) -> dic
     from tag.sim.trace import gantt, to_chrome_trace
 
     written = {}
-    try:
-        if getattr(args, "trace", None):
-            to_chrome_trace(result, taskgraph, args.trace)
-            written["trace"] = args.trace
-        if getattr(args, "gantt", None):
-            gantt(result, taskgraph, args.gantt, title=title)
-            written["gantt"] = args.gantt
-    except OSError as error:
-        raise OutputError(f"cannot write {error.filename or 'output'}: {error.strerror or error}") from None
+    for flag, kind, write in (("--trace", "trace", lambda path: to_chrome_trace(result, taskgraph, path)),
+                              ("--gantt", "gantt", lambda path: gantt(result, taskgraph, path, title=title))):
+        path = getattr(args, kind, None)
+        if path:
+            try:
+                write(_staged(args, path))
+            except OSError as error:
+                raise OutputError(f"{flag} {path!r}: {error.strerror or error}") from None
+            written[kind] = path
     return written
+
+
+def _staged(args: argparse.Namespace, path: str) -> str:
+    """Where to write the output file ``path``: a staged name that `main` renames over it once the whole
+    command succeeded (all of a command's outputs land or none), or ``path`` itself outside `main`."""
+    stage = getattr(args, "stage", None)
+    return str(stage(path)) if stage is not None else path
 
 
 def _check_view_paths(args: argparse.Namespace) -> None:
@@ -320,7 +348,8 @@ def _simulate_pipeline_plan(args: argparse.Namespace, graph, cluster) -> dict:
         return payload
     state = "[green]fits[/]" if plan.result.feasible else f"[red]OOM on device {plan.result.oom_device}[/]"
     console = _console()
-    console.print(f"{payload['model']} on {cluster.name}, {label}: {plan.num_stages} stages x {list(record.replicas)} "
+    payload = _shown(payload)  # printed from here on; --json returned above
+    console.print(f"{payload['model']} on {payload['cluster']}, {payload['what']}: {plan.num_stages} stages x {list(record.replicas)} "
                   f"replicas, {record.micro_batches} micro-batches ({record.schedule}): iteration "
                   f"{format_time(plan.iteration_time)}, {payload['samples_per_s']:.1f} samples/s, {state} "
                   f"({payload['tasks']:,} tasks)")
@@ -375,8 +404,9 @@ def cmd_simulate(args: argparse.Namespace) -> dict:
     from rich.table import Table
 
     console = _console()
+    payload = _shown(payload)  # printed from here on; --json returned above
     state = "[green]fits[/]" if result.feasible else f"[red]OOM on device {result.oom_device}[/]"
-    console.print(f"{payload['model']} on {cluster.name}, {label}: iteration {format_time(result.iteration_time)}, "
+    console.print(f"{payload['model']} on {payload['cluster']}, {payload['what']}: iteration {format_time(result.iteration_time)}, "
                   f"{payload['samples_per_s']:.1f} samples/s, {state} ({payload['tasks']:,} tasks)")
     table = Table(title="Peak memory per device")
     for column in ("device", "GPU", "peak", "capacity", "use"):
@@ -384,7 +414,7 @@ def cmd_simulate(args: argparse.Namespace) -> dict:
     for d, (peak, cap) in enumerate(zip(payload["peak_memory_bytes"], payload["memory_capacity_bytes"])):
         share = peak / cap if cap else 0.0
         colour = "red" if share > 1 else "default"
-        table.add_row(str(d), plan_cluster.gpu(d).name, format_bytes(peak), format_bytes(cap),
+        table.add_row(str(d), _shown(plan_cluster.gpu(d).name), format_bytes(peak), format_bytes(cap),
                       f"[{colour}]{share:.0%}[/]")
     console.print(table)
     for kind, path in payload["files"].items():
@@ -417,7 +447,9 @@ def cmd_baselines(args: argparse.Namespace) -> dict:
         return payload
     from rich.table import Table
 
-    table = Table(title=f"Baselines: {payload['model']} (batch {graph.batch_size}) on {cluster.name} "
+    payload = _shown(payload)  # printed from here on; --json returned above
+    rows = payload["baselines"]
+    table = Table(title=f"Baselines: {payload['model']} (batch {graph.batch_size}) on {payload['cluster']} "
                         f"({cluster.num_devices} devices)")
     for column in ("baseline", "iteration", "samples/s", "vs DP-NCCL", "max peak memory", "fits", "note"):
         table.add_column(column, justify="left" if column in ("baseline", "note") else "right")
@@ -449,7 +481,7 @@ def _progress_callback(bar, description: str):
     """The search's progress hook drawing on ``bar`` (None: no hook)."""
     if bar is None:
         return None
-    task = bar.add_task(description, total=1.0, status="")
+    task = bar.add_task(_shown(description), total=1.0, status="")
 
     def callback(p) -> None:
         best = f"best {p.best_speedup:.3f}x" if p.best_speedup > 0 else "no feasible plan yet"
@@ -492,7 +524,7 @@ def cmd_plan(args: argparse.Namespace) -> dict:
         plan = make_plan(outcome.strategy, graph, cluster, assignment=outcome.group_graph.assignment,
                          summary={k: v for k, v in payload.items() if k != "groups"})
         try:
-            save_plan(plan, args.out)
+            save_plan(plan, _staged(args, args.out))
         except OSError as error:
             raise OutputError(f"--out {args.out!r}: {error.strerror or error}") from None
     files = _write_views(args, outcome.result, outcome.compiled.taskgraph,
@@ -507,6 +539,8 @@ def _print_plan(payload: dict, cluster) -> None:
     from rich.table import Table
 
     from tag.units import format_bytes, format_time
+
+    payload = _shown(payload)  # names from the user's files print as written
 
     console = _console()
     groups = Table(title=f"Plan per op group ({payload['num_groups']} groups, most compute first)")
@@ -544,7 +578,7 @@ def _print_plan(payload: dict, cluster) -> None:
     for m in range(cluster.num_device_groups):
         members = [d for d in range(cluster.num_devices) if cluster.device_group[d] == m]
         worst = max(members, key=lambda d: peaks[d] / capacity[d])
-        summary.add_row(f"peak memory, device group {m} ({cluster.gpu(worst).name} x{len(members)})",
+        summary.add_row(f"peak memory, device group {m} ({_shown(cluster.gpu(worst).name)} x{len(members)})",
                         f"{format_bytes(peaks[worst])} of {format_bytes(capacity[worst])}")
     console.print(summary)
     for kind, path in payload["files"].items():
@@ -611,7 +645,8 @@ def _graph_pipeline(args: argparse.Namespace, graph, cluster) -> dict:
         return payload
     from rich.table import Table
 
-    table = Table(title=f"Graph pipeline (GraphPipe): {payload['model']} (batch {graph.batch_size}) on {cluster.name}, "
+    payload = _shown(payload)  # printed from here on; --json returned above
+    table = Table(title=f"Graph pipeline (GraphPipe): {payload['model']} (batch {graph.batch_size}) on {payload['cluster']}, "
                         f"{payload['micro_batches']} micro-batches, depth {payload['depth']}")
     for column in ("stage", "ops", "compute / micro-batch", "in flight", "devices", "feeds"):
         table.add_column(column, justify="left" if column in ("devices", "feeds") else "right")
@@ -638,7 +673,7 @@ def _status(enabled: bool, message: str):
         return contextlib.nullcontext(None)
     from rich.console import Console
 
-    return Console(stderr=True).status(message)
+    return Console(stderr=True).status(_shown(message))
 
 
 def _save_pipeline_plan(args: argparse.Namespace, plan, graph, cluster, payload: dict) -> None:
@@ -652,7 +687,7 @@ def _save_pipeline_plan(args: argparse.Namespace, plan, graph, cluster, payload:
                                 forward_assignment=sg.forward_assignment, mapping=plan.mapping, summary=summary,
                                 links=sg.info.get("links", "data"))
     try:
-        save_pipeline_plan(record, args.out)
+        save_pipeline_plan(record, _staged(args, args.out))
     except OSError as error:
         raise OutputError(f"--out {args.out!r}: {error.strerror or error}") from None
 
@@ -661,6 +696,8 @@ def _print_pipeline(payload: dict) -> None:
     from rich.table import Table
 
     from tag.units import format_bytes, format_time
+
+    payload = _shown(payload)  # names from the user's files print as written
 
     console = _console()
     stages = Table(title=f"Pipeline stages ({payload['partitioner']}, {payload['micro_batches']} micro-batches, "
@@ -728,6 +765,8 @@ def _print_compare(payload: dict) -> None:
 
     from tag.units import format_bytes, format_time
 
+    payload = _shown(payload)  # names from the user's files print as written
+
     table = Table(title=f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
                         f"({payload['devices']} devices): every planner, one simulator")
     for column in ("planner", "iteration", "vs DP-NCCL", "peak memory", "search", "gap to bound", "fits"):
@@ -752,8 +791,17 @@ def _add_model(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tiny", action="store_true", help="the zoo model's tiny variant")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse whose errors are one ``tag: error:`` line and exit status 2, like every other bad input (the
+    usage is for --help); subparsers, `tag run`'s and `tag train`'s included, are of this class too."""
+
+    def error(self, message: str) -> NoReturn:
+        command = self.prog.removeprefix("tag").strip()
+        self.exit(EXIT_BAD_INPUT, f"tag: error: {command + ': ' if command else ''}{message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tag", description="Plan distributed DNN training on heterogeneous GPU clusters.")
+    parser = _Parser(prog="tag", description="Plan distributed DNN training on heterogeneous GPU clusters.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log progress details")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -857,7 +905,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--links", choices=("data", "chain"), default="data",
                    help="stage edges: data (activations sent directly, the default) or chain (a sequential "
                         "runtime: stage s sends to s+1 only, passing the rest through)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random mappings")
+    p.add_argument("--seed", type=_seed, default=0, help="seed of the random mappings")
     p.add_argument("--out", metavar="PLAN.json", help="write the pipeline plan (for `tag simulate --strategy`)")
     _add_views(p)
     p.add_argument("--json", action="store_true")
@@ -889,7 +937,7 @@ def _add_cluster(parser: argparse.ArgumentParser) -> None:
 
 def _add_grouping(parser: argparse.ArgumentParser, *, seed_help: str = "METIS seed") -> None:
     parser.add_argument("--num-groups", type=_num_groups, default=60, help="METIS op groups (default 60, as TAG)")
-    parser.add_argument("--seed", type=int, default=0, help=seed_help)
+    parser.add_argument("--seed", type=_seed, default=0, help=seed_help)
 
 
 def _add_simulation(parser: argparse.ArgumentParser) -> None:
@@ -909,7 +957,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     command: Callable[[argparse.Namespace], dict] = args.func
     try:
-        payload = command(args)
+        with staged_outputs() as args.stage:  # every output file lands when the command succeeds, or none
+            payload = command(args)
     except TagError as error:
         message = " ".join(str(error).split("\n"))
         sys.stderr.write(f"tag: error: {message}\n")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -21,8 +22,11 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="run folder: checkpoint.pt, policy.pt, history.json, "
                                                 "tensorboard/ (default: runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
-    p.add_argument("--steps", type=_positive_int, metavar="N", help="total gradient steps (overrides the config's)")
-    p.add_argument("--workers", type=_non_negative_int, metavar="N",
+    from tag.cli import _int_in  # the argument types of every command, with their ranges in the message
+
+    p.add_argument("--steps", type=_int_in(1, 10**9, "1..10^9"), metavar="N",
+                   help="total gradient steps (overrides the config's)")
+    p.add_argument("--workers", type=_int_in(0, 1024, "0..1024"), metavar="N",
                    help="self-play processes (overrides the config's; 0: in this process)")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(func=cmd_train)
@@ -33,10 +37,10 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     from tag.training.config import load_config
     from tag.training.loop import train
 
+    out = _run_folder(args.out) if args.out is not None else DEFAULT_RUNS / Path(args.config).name.removesuffix(".toml")
     config = load_config(args.config)
     overrides = {k: v for k, v in (("total_steps", args.steps), ("workers", args.workers)) if v is not None}
     config = config.replace(**overrides)
-    out = Path(args.out) if args.out else DEFAULT_RUNS / Path(args.config).name.removesuffix(".toml")
     previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill`: stop like Ctrl-C, workers shut down
     try:
         with _progress(config.total_steps, quiet=args.json) as on_round:
@@ -104,18 +108,21 @@ def _print_summary(payload: dict[str, Any]) -> None:
     Console(highlight=False).print(table)
 
 
-def _positive_int(text: str) -> int:
-    value = _non_negative_int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
-    return value
+def _run_folder(text: str) -> Path:
+    """The --out run folder, checked before any work: a folder, or a name whose nearest existing parent is
+    a folder this process may write into."""
+    from tag.errors import OutputError
 
-
-def _non_negative_int(text: str) -> int:
+    shown = f"--out {text[:80]!r}{'…' if len(text) > 80 else ''}"
+    if not text:
+        raise OutputError("--out '': expected a run folder")
+    path = Path(text)
     try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be non-negative, got {value}")
-    return value
+        if path.exists() and not path.is_dir():
+            raise OutputError(f"{shown}: exists and is not a folder")
+        existing = next(p for p in (path, *path.parents) if p.exists())
+        if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+            raise OutputError(f"{shown}: cannot write into {str(existing)!r}")
+    except OSError as error:  # a name the OS refuses (too long)
+        raise OutputError(f"{shown}: {error.strerror or error}") from None
+    return path
