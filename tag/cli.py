@@ -174,12 +174,12 @@ def _model_summary(graph) -> dict:
     }
 
 
-def _fit_rows(graph, cluster, memory_bytes: float) -> list[dict]:
+def _fit_rows(graph, cluster, memory_bytes: float, cost=None) -> list[dict]:
     import numpy as np
 
     from tag.cost import CostModel
 
-    cost = CostModel()
+    cost = CostModel() if cost is None else cost
     rows = []
     for t, gpu in enumerate(cluster.types):
         count = int(np.sum(cluster.device_type == t))
@@ -204,11 +204,12 @@ def cmd_show(args: argparse.Namespace) -> dict:
         from tag.cluster import resolve_cluster
 
         cluster = resolve_cluster(args.cluster)
+    cost = _profile_cost(args)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     payload = _model_summary(graph)
     if cluster is not None:
         payload["cluster"] = {"name": cluster.name, "devices": cluster.num_devices}
-        payload["fits_on"] = _fit_rows(graph, cluster, payload["training_memory_bytes"])
+        payload["fits_on"] = _fit_rows(graph, cluster, payload["training_memory_bytes"], cost)
     if args.json:
         return payload
     from rich.table import Table
@@ -336,7 +337,8 @@ def _simulate_pipeline_plan(args: argparse.Namespace, graph, cluster) -> dict:
     record = load_pipeline_plan(args.strategy, graph=graph, cluster=cluster)
     plan = replay_pipeline(graph, cluster, forward_assignment=record.forward_assignment, replicas=record.replicas,
                            micro_batches=record.micro_batches, mapping=record.mapping, schedule=record.schedule,
-                           reference_gpu=record.reference_gpu, partitioner=record.partitioner, links=record.links)
+                           reference_gpu=record.reference_gpu, partitioner=record.partitioner, links=record.links,
+                           cost=_profile_cost(args))
     label = f"pipeline plan {args.strategy}"
     payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "what": label,
                "kind": "pipeline", "stages": plan.num_stages, "replicas": list(record.replicas),
@@ -367,6 +369,7 @@ def cmd_simulate(args: argparse.Namespace) -> dict:
         raise OutputError("give exactly one of --strategy PLAN.json and --baseline NAME")
     _check_view_paths(args)
     cluster = resolve_cluster(args.cluster)
+    cost = _profile_cost(args)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     if args.strategy is not None and _plan_kind(args.strategy) == "pipeline":
         return _simulate_pipeline_plan(args, graph, cluster)
@@ -382,13 +385,13 @@ def cmd_simulate(args: argparse.Namespace) -> dict:
 
             group_graph = apply_sfb(group_graph, plan.strategy, cluster).restricted(sfb_groups).rewritten_group_graph()
         compiled = compile_strategy(group_graph, plan.strategy, cluster, granularity=args.granularity,
-                                    fusion_bytes=plan.summary.get("fusion_bytes"))
+                                    fusion_bytes=plan.summary.get("fusion_bytes"), cost=cost)
         plan_cluster, label = cluster, f"plan {args.strategy}"
     else:
         from tag.baselines import BASELINES
         from tag.grouping import group_ops
 
-        group_graph = group_ops(graph, num_groups=args.num_groups, gpus=cluster, seed=args.seed)
+        group_graph = group_ops(graph, num_groups=args.num_groups, gpus=cluster, seed=args.seed, cost=cost)
         baseline = BASELINES[args.baseline](group_graph, cluster, granularity=args.granularity)
         compiled, plan_cluster, label = baseline.compiled, baseline.plan_cluster, baseline.name
     result = compiled.simulate(feedback=False)
@@ -434,9 +437,10 @@ def cmd_baselines(args: argparse.Namespace) -> dict:
     if unknown:
         raise OutputError(f"--only: unknown baseline {unknown[0]!r}; expected some of {', '.join(BASELINES)}")
     cluster = resolve_cluster(args.cluster)
+    cost = _profile_cost(args)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     results = run_baselines(graph, cluster, num_groups=args.num_groups, names=names, seed=args.seed,
-                            granularity=args.granularity)
+                            granularity=args.granularity, cost=cost)
     rows = []
     for key, result, row in zip(names, results, baselines_table(results)):
         rows.append({**row, "baseline": key, "feasible": not result.oom,
@@ -506,6 +510,7 @@ def cmd_plan(args: argparse.Namespace) -> dict:
         _output_path(args.out, flag="--out", suffixes=(".json",), what="plan file")
     _check_view_paths(args)
     cluster = resolve_cluster(args.cluster)
+    cost = _profile_cost(args)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     if args.uniform:
         checkpoint = None
@@ -517,7 +522,7 @@ def cmd_plan(args: argparse.Namespace) -> dict:
     with _search_progress(sys.stderr.isatty()) as bar:
         callback = _progress_callback(bar, f"{args.search} on {graph.meta.get('model', args.model)}")
         outcome = plan_training(graph, cluster, config=config, evaluator=evaluator, batch_evaluator=batch_evaluator,
-                                batch_size=8 if batch_evaluator is not None else 1, progress=callback)
+                                batch_size=8 if batch_evaluator is not None else 1, progress=callback, cost=cost)
     payload = {**outcome.summary(), "priors": priors}
     payload["groups"] = outcome.group_rows()
     if args.out:
@@ -600,6 +605,7 @@ def cmd_pipeline(args: argparse.Namespace) -> dict:
         _output_path(args.out, flag="--out", suffixes=(".json",), what="plan file")
     _check_view_paths(args)
     cluster = resolve_cluster(args.cluster)
+    cost = _profile_cost(args)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     if args.partitioner == "graphpipe":
         return _graph_pipeline(args, graph, cluster)
@@ -607,7 +613,7 @@ def cmd_pipeline(args: argparse.Namespace) -> dict:
     with _status(sys.stderr.isatty() and not args.json, f"planning a pipeline of {graph.meta.get('model', args.model)}"):
         plan = plan_pipeline(graph, cluster, stages=args.stages, replicas=args.replicas, auto=args.auto,
                              partitioner=args.partitioner, mapper=mapper, micro_batches=args.micro_batches,
-                             schedule=args.schedule, seed=args.seed, links=args.links)
+                             schedule=args.schedule, seed=args.seed, links=args.links, cost=cost)
     sg = plan.stage_graph
     per_stage, _ = mapped_stage_times(sg, cluster, plan.mapping, plan.instantiation)
     ops = np.bincount(sg.assignment if sg.assignment.size else sg.forward_assignment, minlength=sg.num_stages)
@@ -635,7 +641,7 @@ def _graph_pipeline(args: argparse.Namespace, graph, cluster) -> dict:
     from tag.units import format_bytes, format_time
 
     with _status(sys.stderr.isatty() and not args.json, f"planning a graph pipeline of {graph.meta.get('model', args.model)}"):
-        plan = plan_graph_pipeline(graph, cluster, micro_batches=args.micro_batches)
+        plan = plan_graph_pipeline(graph, cluster, micro_batches=args.micro_batches, cost=_profile_cost(args))
     payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "devices": cluster.num_devices,
                "batch_size": graph.batch_size, **plan.as_dict()}
     payload["samples_per_s"] = graph.batch_size / plan.iteration_time if plan.iteration_time > 0 else None
@@ -745,13 +751,14 @@ def cmd_compare(args: argparse.Namespace) -> dict:
     from tag.graph.resolve import resolve_model
 
     cluster = resolve_cluster(args.cluster)
+    cost = _profile_cost(args)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     config = CompareConfig(budget=args.budget, num_groups=args.num_groups, policy=args.policy,
                            mapping_time_limit=args.time_limit, graphpipe=not args.no_graphpipe, seed=args.seed,
                            mapper_policy=args.mapper_policy)
     with _status(sys.stderr.isatty() and not args.json, "comparing planners") as status:
         report = (lambda message: status.update(f"comparing planners: {message}")) if status is not None else None
-        rows = compare_planners(graph, cluster, config=config, progress=report)
+        rows = compare_planners(graph, cluster, config=config, progress=report, cost=cost)
     payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "devices": cluster.num_devices,
                "batch_size": graph.batch_size, "budget": args.budget, "policy": config.policy or _shipped_policy(),
                "planners": rows}
@@ -817,6 +824,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     p.add_argument("--cluster", help="preset NAME[:ARGS] or a YAML/JSON spec file")
     p.add_argument("--json", action="store_true")
+    _add_profile(p)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("trace", help="trace a model (zoo name or MODULE:FUNCTION) into an OpGraph file")
@@ -841,6 +849,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PLAN.json", help="write the plan file (for `tag simulate --strategy`)")
     _add_views(p)
     p.add_argument("--json", action="store_true")
+    _add_profile(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="simulate one training iteration of a plan file or a baseline")
@@ -852,6 +861,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulation(p)
     _add_views(p)
     p.add_argument("--json", action="store_true")
+    _add_profile(p)
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("baselines", help="simulate the baselines (DP-NCCL, DP-NCCL-P, Horovod, one device, METIS MP)")
@@ -860,6 +870,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulation(p)
     p.add_argument("--only", metavar="A,B", help="comma-separated subset of " + ", ".join(_baseline_names()))
     p.add_argument("--json", action="store_true")
+    _add_profile(p)
     p.set_defaults(func=cmd_baselines)
 
     from tag.training.cli import add_train_parser  # torch is imported only when `tag train` runs
@@ -869,6 +880,10 @@ def build_parser() -> argparse.ArgumentParser:
     from tag.execute.cli import add_run_parser  # torch is imported only when `tag run` runs
 
     add_run_parser(sub)
+
+    from tag.profile.cli import add_profile_parser  # torch is imported only when `tag profile` runs
+
+    add_profile_parser(sub)
 
     p = sub.add_parser("compare", help="every planner on one model and cluster through one simulator")
     _add_model(p)
@@ -883,6 +898,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_mapper_policy(p)
     _add_grouping(p, seed_help="METIS, search and mapper seed")
     p.add_argument("--json", action="store_true")
+    _add_profile(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("pipeline", help="exact pipeline planning: partition into stages, map them onto devices, simulate")
@@ -909,6 +925,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="PLAN.json", help="write the pipeline plan (for `tag simulate --strategy`)")
     _add_views(p)
     p.add_argument("--json", action="store_true")
+    _add_profile(p)
     p.set_defaults(func=cmd_pipeline)
     return parser
 
@@ -944,6 +961,18 @@ def _add_simulation(parser: argparse.ArgumentParser) -> None:
     _add_grouping(parser)
     parser.add_argument("--granularity", choices=("op", "group", "part"), default="group",
                         help="task granularity of the compiled plan (op: the exact reference; default group)")
+
+
+def _add_profile(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--profile", metavar="PROFILE.json",
+                        help="measured op times from `tag profile` for the GPU types it covers (else the roofline)")
+
+
+def _profile_cost(args: argparse.Namespace):
+    """The cost model of ``--profile`` (None: the roofline's default)."""
+    from tag.profile.cli import profile_cost_model
+
+    return profile_cost_model(getattr(args, "profile", None))
 
 
 def _add_views(parser: argparse.ArgumentParser) -> None:

@@ -26,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from tag.cluster import Cluster
+from tag.cost import CostModel
 from tag.graph import OpGraph
 
 __all__ = ["CompareConfig", "compare_planners", "PIPELINE_MAPPERS"]
@@ -54,12 +55,13 @@ Progress = Callable[[str], None]
 
 
 def compare_planners(graph: OpGraph, cluster: Cluster, *, config: CompareConfig = CompareConfig(),
-                     progress: Progress | None = None) -> list[dict[str, Any]]:
-    """One row per planner (module docstring); every figure simulated."""
+                     progress: Progress | None = None, cost: CostModel | None = None) -> list[dict[str, Any]]:
+    """One row per planner (module docstring); every figure simulated with ``cost``'s op times (default the
+    roofline)."""
     say = progress or (lambda message: None)
     rows: list[dict[str, Any]] = []
-    rows += _strategy_rows(graph, cluster, config, say)
-    rows += _pipeline_rows(graph, cluster, config, say)
+    rows += _strategy_rows(graph, cluster, config, say, cost)
+    rows += _pipeline_rows(graph, cluster, config, say, cost)
     reference = rows[0]  # DP-NCCL
     for row in rows:
         fits = row["feasible"] and reference["feasible"] and row["iteration_time_s"] > 0
@@ -74,7 +76,8 @@ def _row(planner: str, kind: str, iteration_time_s: float, feasible: bool, peak_
             "max_stage_time_s": None, "lower_bound_s": None, "gap": None, "proven_optimal": None, **extra}
 
 
-def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress) -> list[dict[str, Any]]:
+def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress,
+                   cost: CostModel | None) -> list[dict[str, Any]]:
     from tag.planner import COMPARED_BASELINES, PlanConfig, load_priors, plan_training
 
     from tag.policy import shipped_policy_path
@@ -89,7 +92,7 @@ def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say:
                                  seed=config.seed)
         outcome = plan_training(graph, cluster, config=plan_config, evaluator=priors.evaluator,
                                 batch_evaluator=priors.batch_evaluator,
-                                batch_size=8 if priors.batch_evaluator is not None else 1)
+                                batch_size=8 if priors.batch_evaluator is not None else 1, cost=cost)
         if not rows:  # the baselines, as the first planning run simulated them
             names = {"dp-nccl": "DP-NCCL", "dp-nccl-p": "DP-NCCL-P", "horovod": "Horovod-like"}
             for key, baseline in zip(COMPARED_BASELINES, outcome.baselines):
@@ -102,7 +105,8 @@ def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say:
     return rows
 
 
-def _pipeline_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress) -> list[dict[str, Any]]:
+def _pipeline_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress,
+                   cost: CostModel | None) -> list[dict[str, Any]]:
     from tag.errors import TagError
     from tag.exact import make_mapper, plan_pipeline, simulate_pipeline
 
@@ -110,7 +114,7 @@ def _pipeline_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say:
     say("Parmesan partition + exact map")
     start = time.perf_counter()
     try:
-        plan = plan_pipeline(graph, cluster, partitioner="parmesan", seed=config.seed,
+        plan = plan_pipeline(graph, cluster, partitioner="parmesan", seed=config.seed, cost=cost,
                              mapper=make_mapper("exact", time_limit=config.mapping_time_limit))
     except TagError as error:
         log.warning("Parmesan pipeline: %s", error)
@@ -140,7 +144,7 @@ def _pipeline_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say:
     say("RaNNC")
     start = time.perf_counter()
     try:
-        rannc = plan_pipeline(graph, cluster, partitioner="rannc", seed=config.seed)
+        rannc = plan_pipeline(graph, cluster, partitioner="rannc", seed=config.seed, cost=cost)
         rows.append(_pipeline_row("RaNNC", rannc.result, rannc.max_stage_time, None, None,
                                   time.perf_counter() - start, rannc))
     except TagError as error:
@@ -152,7 +156,7 @@ def _pipeline_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say:
 
         start = time.perf_counter()
         try:
-            gp = plan_graph_pipeline(graph, cluster)
+            gp = plan_graph_pipeline(graph, cluster, cost=cost)
             figures = gp.as_dict()
             rows.append(_row("GraphPipe", "graph pipeline", figures["iteration_time_s"], figures["feasible"],
                              figures["peak_memory_bytes"], time.perf_counter() - start,

@@ -22,6 +22,7 @@ import numpy as np
 from tag.baselines import BaselineResult, run_baselines
 from tag.cluster import Cluster
 from tag.compiler import DEFAULT_FUSION_BYTES, CompiledPlan, compile_strategy
+from tag.cost import CostModel
 from tag.graph import OpGraph
 from tag.grouping import DEFAULT_NUM_GROUPS, GroupGraph, group_ops
 from tag.search import (
@@ -183,16 +184,20 @@ class PlanOutcome(NamedTuple):
 
 def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = PlanConfig(),
                   evaluator: Evaluator = uniform_evaluator, batch_evaluator: BatchEvaluator | None = None,
-                  batch_size: int = 1, progress: ProgressCallback | None = None) -> PlanOutcome:
+                  batch_size: int = 1, progress: ProgressCallback | None = None,
+                  cost: CostModel | None = None) -> PlanOutcome:
     """Plan ``graph`` on ``cluster`` (module docstring). ``evaluator``: priors for MCTS (uniform: "pure
-    MCTS"; a :class:`tag.policy.GNNEvaluator` for TAG). ``progress`` is called after every search iteration."""
+    MCTS"; a :class:`tag.policy.GNNEvaluator` for TAG). ``progress`` is called after every search iteration.
+    ``cost``: op times (default the roofline :class:`~tag.cost.CostModel`; a
+    :class:`~tag.cost.ProfiledCostModel` for measured ones): the grouping keeps it and every simulation
+    of the plan reads it from there."""
     if not config.fills or not config.oom_fills:
         raise ValueError("fills and oom_fills must each name at least one default fill")
     if config.search not in SEARCHES:
         raise ValueError(f"search must be one of {', '.join(SEARCHES)}, got {config.search!r}")
     timings: dict[str, float] = {}
     clock = time.perf_counter()
-    group_graph = group_ops(graph, num_groups=config.num_groups, gpus=cluster, seed=config.seed)
+    group_graph = group_ops(graph, num_groups=config.num_groups, gpus=cluster, seed=config.seed, cost=cost)
     timings["grouping"] = _lap(clock)
     clock = time.perf_counter()
     baselines = run_baselines(group_graph, cluster, names=COMPARED_BASELINES, granularity=config.granularity)

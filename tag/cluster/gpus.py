@@ -77,6 +77,12 @@ GPU_TYPES: dict[str, GPUType] = {
         _gpu("a100-40gb", 40 * _GiB, 1555, "A100 SXM4 40 GB", fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
         _gpu("a100-80gb", 80 * _GiB, 2039, "A100 SXM4 80 GB", fp32=19.5, tf32=156.0, fp16=312.0, bf16=312.0),
         _gpu("h100", 80 * _GiB, 3350, "H100 SXM5 80 GB", fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4),
+        _gpu("h200", 141 * _GiB, 4800, "H200 SXM 141 GB", fp32=67.0, tf32=494.7, fp16=989.4, bf16=989.4),
+        # Not a GPU: one process of this host with one torch thread, what `tag run` starts per device of
+        # the `local` cluster. Nominal figures (one AVX2 core with FMA, a core's share of DDR4 bandwidth, the
+        # dispatch cost of one eager aten call); `tag profile --device cpu` measures the real ones.
+        GPUType("cpu", 16 * _GiB, 10 * _GB, (("fp32", 0.1 * _TF),), launch_overhead_s=5e-6,
+                description="one CPU process of this host, one thread (nominal)"),
     )
 }
 
@@ -84,7 +90,7 @@ _ALIASES = {
     "v100": "v100-16gb", "v100-16": "v100-16gb", "v100-32": "v100-32gb", "v100-sxm2-32gb": "v100-32gb",
     "p100-16gb": "p100", "gtx1080ti": "1080ti", "1080-ti": "1080ti", "gtx-1080ti": "1080ti",
     "titanv": "titan-v", "titan_v": "titan-v", "a100": "a100-40gb", "a100-40": "a100-40gb",
-    "a100-80": "a100-80gb", "h100-80gb": "h100", "h100-sxm": "h100",
+    "a100-80": "a100-80gb", "h100-80gb": "h100", "h100-sxm": "h100", "h200-141gb": "h200", "h200-sxm": "h200",
     "tesla-v100": "v100-16gb", "v100-sxm2-16gb": "v100-16gb", "tesla-p100": "p100", "p100-pcie": "p100",
     "tesla-t4": "t4", "titan-v-12gb": "titan-v",
 }

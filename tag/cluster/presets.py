@@ -16,6 +16,7 @@ from tag.cluster.generators import grid_cluster, random_blk_1, random_blk_2, tag
 from tag.cluster.gpus import GPU_TYPES, gpu_type
 from tag.cluster.spec import SPEC_SUFFIXES, load_cluster
 from tag.errors import ClusterError, SpecError
+from tag.units import parse_bandwidth, parse_time
 
 __all__ = [
     "PRESETS",
@@ -26,6 +27,9 @@ __all__ = [
     "tag_cloud",
     "two_level",
     "dgx1x4",
+    "local_cluster",
+    "LOCAL_BANDWIDTH",
+    "LOCAL_LATENCY_S",
     "DGX1_NVLINK_SINGLE",
     "DGX1_NVLINK_DOUBLE",
 ]
@@ -40,6 +44,11 @@ DGX1_NVLINK_SINGLE = ((0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5
 DGX1_NVLINK_DOUBLE = ((0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7))
 # Parmesan App. D-B: profiled bandwidths of the Alibaba cloud 4x DGX-1 machines.
 _DGX1_DOUBLE, _DGX1_SINGLE, _DGX1_PCIE, _DGX1_ETHERNET = 43.2 * _GB, 21.4 * _GB, 10.1 * _GB, 1.4 * _GB
+# `local:N` without a measurement: gloo between two processes of one host over the loopback, as
+# `tag profile` measured it on a 2-core build machine (1 MiB-16 MiB messages at 2-4 GB/s; small messages
+# at 0.1-2 ms, the wake-up latency of a loaded host). A profile's own curve replaces both.
+LOCAL_BANDWIDTH = 2 * _GB
+LOCAL_LATENCY_S = 2e-4
 
 
 def tag_testbed() -> Cluster:
@@ -74,6 +83,33 @@ def dgx1x4() -> Cluster:
     return build_cluster("dgx1x4", machines, network_bandwidth=_DGX1_ETHERNET, links=links)
 
 
+def local_cluster(processes: int = 2, *, gpu: str = "cpu", profile: Any = None, bandwidth: float | None = None,
+                  latency: float | None = None) -> Cluster:
+    """``processes`` processes of this host, what `tag run` starts for a plan (one per device), pairwise
+    joined by the backend's point-to-point curve: ``bandwidth``/``latency`` where given, else the fit of a
+    profile's measured point-to-point curve (``profile``: a :class:`tag.profile.Profile`; the curve
+    measured with device ``gpu``, else the profile's only one), else LOCAL_BANDWIDTH and LOCAL_LATENCY_S.
+    ``gpu``: the device type of a process (``cpu``: the ranks of `tag run` compute on the CPU)."""
+    curve = _profile_p2p(profile, gpu) if profile is not None else None
+    if bandwidth is None:
+        bandwidth = curve.bandwidth if curve is not None else LOCAL_BANDWIDTH
+    if latency is None:
+        latency = curve.latency_s if curve is not None else LOCAL_LATENCY_S
+    return build_cluster(f"local:{processes}", [Machine(gpu, processes, bandwidth, latency)])
+
+
+def _profile_p2p(profile: Any, gpu: str):
+    """The point-to-point curve of ``profile`` for processes of type ``gpu`` (or its only one)."""
+    curves = {name: device.comm["p2p"] for name, device in profile.devices.items() if "p2p" in device.comm}
+    if gpu in curves:
+        return curves[gpu]
+    if len(curves) == 1:
+        return next(iter(curves.values()))
+    measured = ", ".join(curves) or "none"
+    raise SpecError(f"cluster preset local: the profile has no point-to-point measurement for {gpu!r} "
+                    f"(measured: {measured}); run `tag profile` with --comm on this host")
+
+
 # --------------------------------------------------------------------------------------- registry
 
 
@@ -96,6 +132,26 @@ def _parse_seed(text: str) -> int:
     if not text.isdigit():
         raise ValueError(f"expected a non-negative integer seed, got {text!r}")
     return int(text)
+
+
+def _parse_profile(text: str) -> Any:
+    from tag.profile.data import load_profile  # a leaf module: the data model of `tag profile`'s files
+
+    return load_profile(text)
+
+
+def _parse_bandwidth(text: str) -> float:
+    value = parse_bandwidth(text, what="bandwidth")
+    if not 0 < value < float("inf"):
+        raise ValueError(f"bandwidth must be positive and finite, got {text!r}")
+    return value
+
+
+def _parse_latency(text: str) -> float:
+    value = parse_time(text, what="latency")
+    if not 0 <= value < float("inf"):
+        raise ValueError(f"latency must be non-negative and finite, got {text!r}")
+    return value
 
 
 def _parse_gpu(text: str) -> str:
@@ -156,6 +212,11 @@ PRESETS: dict[str, PresetInfo] = {
         _lut("random-blk-2", random_blk_2,
              "Parmesan random_blk_2: random nodes, random pair bandwidths, inter falls with node distance"),
         _lut("uniform-dist", uniform_dist, "Parmesan uniform_dist: every pair bandwidth random"),
+        PresetInfo("local", "local:N[,profile=FILE][,bandwidth=BW][,latency=T][,gpu=TYPE]", "local:2", 2,
+                   "N processes on this host (what tag run starts), gloo between them: the point-to-point "
+                   "curve of a tag profile, else 2 GB/s and 200 us", local_cluster,
+                   ("processes", _parse_count), {"profile": _parse_profile, "bandwidth": _parse_bandwidth,
+                                                 "latency": _parse_latency, "gpu": _parse_gpu}),
         PresetInfo("tag-random", "tag-random[:seed=N][,machines=M]", "tag-random:seed=3", "varies",
                    "TAG random topology: 1-6 machines of 1-8 GPUs (V100/1080Ti/P100), 64-160 / 20-50 Gbps",
                    lambda seed=0, machines=None: tag_random(seed=seed, machines=machines),
@@ -177,10 +238,10 @@ def resolve_cluster(address: str | os.PathLike) -> Cluster:
     text = os.fspath(address).strip() if isinstance(address, (str, os.PathLike)) else None
     if not text:
         raise SpecError(f"cluster address must be a preset name or a spec file path, got {address!r}")
-    if Path(text).suffix.lower() in SPEC_SUFFIXES:
-        return load_cluster(text)
     name, _, args = text.partition(":")
     key = name.strip().lower().replace("_", "-")
+    if Path(text).suffix.lower() in SPEC_SUFFIXES and not (key in PRESETS and args):  # local:2,profile=p.json
+        return load_cluster(text)
     info = PRESETS.get(key)
     if info is None:
         raise SpecError(f"unknown cluster preset {name!r}; known presets: {', '.join(PRESETS)} "

@@ -1,0 +1,69 @@
+"""A cost model that reads measured op times from a profile where it has them.
+
+``tag profile`` times every op of a train step on a device and fits TAG's linear model in the batch
+(:mod:`tag.profile.data`). :class:`ProfiledCostModel` uses those fits for a graph whose structure the
+profile measured on the GPU type asked about, in the cost model's dtype; every other (graph, GPU type)
+pair gets the roofline of :class:`~tag.cost.compute.CostModel` unchanged. It is an ordinary cost model
+object, passed to the planners like any other (no global state), and equal to another only when its
+profile is (so the compiler's caches keep them apart).
+"""
+
+from __future__ import annotations
+
+import weakref
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tag.cluster.gpus import GPUType, gpu_type
+from tag.cost.compute import CostModel
+from tag.graph.opgraph import ROLE_INPUT, OpGraph
+from tag.profile.data import ModelTimes, Profile
+
+__all__ = ["ProfiledCostModel"]
+
+
+@dataclass(frozen=True)
+class ProfiledCostModel(CostModel):
+    """Measured times (``profile``) where the profile covers the graph and GPU type; the roofline elsewhere."""
+
+    profile: Profile | None = None  # None: a plain roofline model
+    # graph -> its ModelTimes per GPU name (None where not covered); structure hashes are not free
+    _matches: weakref.WeakKeyDictionary = field(default_factory=weakref.WeakKeyDictionary, init=False,
+                                                compare=False, hash=False, repr=False)
+
+    def measured(self, graph: OpGraph, gpu: GPUType | str) -> ModelTimes | None:
+        """The profile's times for ``graph`` on ``gpu``, or None where the roofline applies."""
+        if self.profile is None or not self.use_measured:
+            return None
+        name = gpu.name if isinstance(gpu, GPUType) else gpu_type(gpu).name
+        per_graph = self._matches.setdefault(graph, {})
+        if name not in per_graph:
+            device = self.profile.device(name)
+            times = device.match(graph) if device is not None and device.dtype == self.dtype else None
+            per_graph[name] = times if times is not None and times.num_ops == graph.num_ops else None
+        return per_graph[name]
+
+    def covers(self, graph: OpGraph, gpu: GPUType | str) -> bool:
+        return self.measured(graph, gpu) is not None
+
+    def reference_times(self, graph: OpGraph, gpu: GPUType | str) -> np.ndarray:
+        times = self.measured(graph, gpu)
+        if times is None:
+            return super().reference_times(graph, gpu)
+        fixed, scaled = _linear(graph, times)
+        return fixed + scaled
+
+    def linear_times(self, graph: OpGraph, gpu: GPUType | str) -> tuple[np.ndarray, np.ndarray]:
+        times = self.measured(graph, gpu)
+        if times is None:
+            return super().linear_times(graph, gpu)
+        return _linear(graph, times)
+
+
+def _linear(graph: OpGraph, times: ModelTimes) -> tuple[np.ndarray, np.ndarray]:
+    """([N] fixed, [N] scaled) seconds at the graph's batch (:meth:`ModelTimes.linear`); the graph says
+    which ops scale with the batch (a trace by another torch can flag a few ops otherwise); inputs cost 0."""
+    fixed, scaled = times.linear(graph.batch_size, graph.batch_scaled)
+    inputs = graph.role == ROLE_INPUT
+    return np.where(inputs, 0.0, fixed), np.where(inputs, 0.0, scaled)

@@ -1,0 +1,242 @@
+"""tag profile: the linear fits, the profile file, the profile-backed cost model, `local:N`, the command."""
+
+import gzip
+import json
+
+import numpy as np
+import pytest
+
+from conftest import make_graph, run, run_json
+from tag.cluster import resolve_cluster
+from tag.cost import CostModel, ProfiledCostModel, ring_allreduce_time
+from tag.errors import ProfileError
+from tag.profile import (
+    CommCurve,
+    DeviceProfile,
+    ModelTimes,
+    Profile,
+    fit_linear,
+    load_profile,
+    save_profile,
+    structure_fingerprint,
+)
+from tag.profile.comm import _fit, _robust_line
+
+SIZES = (2, 4)
+
+
+# ------------------------------------------------------------------------------------------------ fits
+def test_fit_linear_recovers_a_known_line_per_op():
+    batches = np.array([1.0, 2.0, 4.0, 8.0])
+    fixed = np.array([3e-6, 0.0, 1e-3])
+    per_sample = np.array([2e-6, 5e-5, 0.0])
+    a, c = fit_linear(batches, fixed[:, None] + per_sample[:, None] * batches)
+    np.testing.assert_allclose(a, fixed, atol=1e-15)
+    np.testing.assert_allclose(c, per_sample, atol=1e-15)
+
+
+def test_fit_linear_keeps_both_parts_non_negative():
+    batches = np.array([1.0, 2.0, 3.0])
+    times = np.array([[6.0, 4.0, 2.0],  # falls with the batch: flat at the mean
+                      [0.0, 3.0, 6.0],  # would cross below 0 at the origin: through the origin
+                      [np.nan, 5.0, np.nan]])  # one sample: flat
+    a, c = fit_linear(batches, times)
+    np.testing.assert_allclose(a, [4.0, 0.0, 5.0])
+    np.testing.assert_allclose(c, [0.0, 24.0 / 14.0, 0.0])
+
+
+def test_relative_fit_and_comm_fit_keep_the_latency_of_small_messages():
+    sizes = np.array([2.0 ** k for k in range(10, 25, 2)])
+    alpha, beta = 2e-4, 3e9
+    seconds = alpha + sizes / beta
+    a, c = fit_linear(sizes, seconds, relative=True)
+    assert a == pytest.approx(alpha, rel=1e-9) and 1 / c == pytest.approx(beta, rel=1e-9)
+    a, c = _robust_line(sizes, seconds)
+    assert a == pytest.approx(alpha, rel=1e-9) and 1 / c == pytest.approx(beta, rel=1e-9)
+    noisy = seconds.copy()
+    noisy[3] *= 10  # one loaded round among the small messages
+    a, c = _robust_line(sizes, noisy)
+    assert a == pytest.approx(alpha, rel=0.05) and 1 / c == pytest.approx(beta, rel=1e-6)
+
+
+def test_allreduce_fit_is_the_ring_formula_of_the_cost_model():
+    sizes = (1e3, 1e4, 1e5, 1e6, 1e7, 1e8)
+    world, alpha, beta = 3, 5e-5, 2e9
+    seconds = [ring_allreduce_time(s, world, beta, alpha) for s in sizes]
+    curve = _fit("allreduce", "gloo", world, sizes, seconds)
+    assert curve.latency_s == pytest.approx(alpha, rel=1e-6)
+    assert curve.bandwidth == pytest.approx(beta, rel=1e-6)
+
+
+# ------------------------------------------------------------------------------------------------ file
+def _graph():
+    return make_graph([(0, 1), (1, 2), (2, 3)], role=[0, 1, 2, 3], batch_scaled=[True, True, True, False])
+
+
+def _times(graph, *, fixed=(0.0, 2e-5, 3e-5, 7e-6), per_sample=(0.0, 1e-5, 4e-6, 0.0)) -> ModelTimes:
+    fixed, per_sample = np.array(fixed), np.array(per_sample)
+    measured = fixed[:, None] + per_sample[:, None] * np.array(SIZES, dtype=float)
+    measured[0] = np.nan  # the input is not timed
+    return ModelTimes("toy", structure_fingerprint(graph), 4, SIZES, tuple(graph.kinds), graph.batch_scaled.copy(),
+                      fixed, per_sample, measured)
+
+
+def _profile(graph, device="cpu", **kwargs) -> Profile:
+    p2p = CommCurve("gloo", 2, (1024.0, 1048576.0), (1.1e-4, 6e-4), 1e-4, 2e9)
+    return Profile({device: DeviceProfile(device, "test device", "cpu", "fp32", 1, "2.13", {"repeats": 5},
+                                          {"toy": _times(graph, **kwargs)}, {"p2p": p2p})})
+
+
+@pytest.mark.parametrize("name", ["p.json", "p.json.gz"])
+def test_profile_round_trips_through_its_file(tmp_path, name):
+    graph = _graph()
+    profile = _profile(graph)
+    path = tmp_path / name
+    save_profile(profile, path)
+    loaded = load_profile(path)
+    assert loaded == profile and hash(loaded) == hash(profile)
+    times = loaded.device("cpu").models["toy"]
+    np.testing.assert_allclose(times.fixed_s, [0.0, 2e-5, 3e-5, 7e-6])
+    np.testing.assert_allclose(times.measured_s[1], [4e-5, 6e-5])
+    assert np.isnan(times.measured_s[0]).all()
+    assert loaded.device("cpu").match(graph) is times
+    assert loaded.device("cpu").comm["p2p"].bandwidth == 2e9
+    raw = path.read_bytes()
+    assert (raw[:2] == b"\x1f\x8b") == name.endswith(".gz")
+    doc = json.loads(gzip.decompress(raw) if name.endswith(".gz") else raw)
+    assert doc["format"] == "tag.profile" and doc["schema_version"] == 1
+
+
+def _doc(graph) -> dict:
+    from tag.profile.data import profile_to_json
+
+    return json.loads(json.dumps(profile_to_json(_profile(graph))))
+
+
+def _break(doc: dict, how: str) -> dict:
+    device = doc["devices"]["cpu"]
+    model = device["models"]["toy"]
+    if how == "version":
+        doc["schema_version"] = 99
+    elif how == "no_devices":
+        doc["devices"] = {}
+    elif how == "negative_time":
+        model["fixed_s"][1] = -1.0
+    elif how == "short_row":
+        model["measured_s"][2] = [1.0]
+    elif how == "batch_over_traced":
+        model["batch_sizes"] = [2, 8]
+    elif how == "zero_bandwidth":
+        device["comm"]["p2p"]["bandwidth"] = 0
+    elif how == "unknown_comm":
+        device["comm"]["broadcast"] = device["comm"]["p2p"]
+    return doc
+
+
+@pytest.mark.parametrize("how, field", [("version", "schema_version"), ("no_devices", "devices"),
+                                        ("negative_time", "fixed_s[1]"), ("short_row", "measured_s[2]"),
+                                        ("batch_over_traced", "batch_sizes"), ("zero_bandwidth", "bandwidth"),
+                                        ("unknown_comm", "broadcast")])
+def test_a_malformed_profile_is_one_error_naming_the_field(tmp_path, how, field):
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(_break(_doc(_graph()), how)))
+    with pytest.raises(ProfileError, match=field.replace("[", r"\[").replace("]", r"\]")):
+        load_profile(path)
+
+
+def test_a_bad_profile_on_the_command_line_is_one_clean_line(capsys, tmp_path):
+    path = tmp_path / "bad.json"
+    path.write_text("{not json")
+    code, out, err = run(capsys, "show", "candle-uno", "--tiny", "--cluster", "local:2", "--profile", str(path))
+    assert code == 2 and out == ""
+    assert err.startswith("tag: error: ") and err.count("\n") == 1 and "Traceback" not in err
+    code, _, err = run(capsys, "show", "candle-uno", "--tiny", "--cluster", f"local:2,profile={tmp_path / 'no.json'}")
+    assert code == 2 and "no such profile" in err and err.count("\n") == 1
+
+
+# ------------------------------------------------------------------------------------------------ cost
+def test_cost_model_uses_measured_times_where_covered_and_the_roofline_elsewhere():
+    graph = _graph()
+    model = ProfiledCostModel(profile=_profile(graph))
+    roofline = CostModel()
+    # covered: the profile's line at the graph's batch (4 rows); the optimizer op does not scale
+    np.testing.assert_allclose(model.op_times(graph, "cpu", 1.0), [0.0, 2e-5 + 4e-5, 3e-5 + 1.6e-5, 7e-6])
+    np.testing.assert_allclose(model.op_times(graph, "cpu", 0.5), [0.0, 2e-5 + 2e-5, 3e-5 + 8e-6, 7e-6])
+    # the same step at another batch: the same line, per sample
+    doubled = graph.with_batch_size(8)
+    np.testing.assert_allclose(model.op_times(doubled, "cpu", 1.0), [0.0, 1e-4, 6.2e-5, 7e-6])
+    # not covered: another GPU type, another graph, another dtype, measured times switched off
+    np.testing.assert_array_equal(model.op_times(graph, "v100"), roofline.op_times(graph, "v100"))
+    other = make_graph([(0, 1), (0, 2)], role=[0, 1, 1])
+    np.testing.assert_array_equal(model.op_times(other, "cpu"), roofline.op_times(other, "cpu"))
+    wider = make_graph([(0, 1), (1, 2), (2, 3)], role=[0, 1, 2, 3], batch_scaled=[True, True, True, False],
+                       param_bytes=[64.0, 0.0, 0.0, 0.0])  # the same layout with other sizes: not this step
+    np.testing.assert_array_equal(model.op_times(wider, "cpu"), roofline.op_times(wider, "cpu"))
+    fp16 = ProfiledCostModel(profile=_profile(graph, device="v100-16gb"), dtype="fp16")
+    np.testing.assert_array_equal(fp16.op_times(graph, "v100"), CostModel(dtype="fp16").op_times(graph, "v100"))
+    assert not ProfiledCostModel(profile=model.profile, use_measured=False).covers(graph, "cpu")
+    assert model.covers(graph, "cpu") and not model.covers(graph, "h100")
+    # a cost model with another profile is another key for the compiler's caches
+    assert model != ProfiledCostModel(profile=_profile(graph, fixed=(0.0, 1e-5, 3e-5, 7e-6)))
+    assert model == ProfiledCostModel(profile=_profile(graph))
+
+
+def test_local_cluster_resolves_with_defaults_or_the_profiles_curve(tmp_path):
+    from tag.cluster.presets import LOCAL_BANDWIDTH, LOCAL_LATENCY_S
+
+    cluster = resolve_cluster("local:3")
+    assert cluster.num_devices == 3 and cluster.types[0].name == "cpu" and cluster.num_machines == 1
+    assert cluster.bandwidth[0, 1] == LOCAL_BANDWIDTH and cluster.latency[0, 2] == LOCAL_LATENCY_S
+    path = tmp_path / "host.json"
+    save_profile(_profile(_graph()), path)
+    measured = resolve_cluster(f"local:2,profile={path}")
+    assert measured.bandwidth[0, 1] == 2e9 and measured.latency[1, 0] == 1e-4
+    given = resolve_cluster("local:2,bandwidth=1GB/s,latency=50us")
+    assert given.bandwidth[0, 1] == 1e9 and given.latency[0, 1] == pytest.approx(5e-5)
+
+
+def test_local_cluster_plans_with_the_profiles_op_times():
+    from tag.baselines import single_device
+    from tag.grouping import group_ops
+
+    graph = _graph()
+    cost = ProfiledCostModel(profile=_profile(graph))
+    cluster = resolve_cluster("local:2")
+    group_graph = group_ops(graph, num_groups=2, gpus=cluster, cost=cost)
+    result = single_device(group_graph, cluster).compiled.simulate(feedback=False)
+    assert result.iteration_time == pytest.approx(6e-5 + 4.6e-5 + 7e-6, rel=1e-9)
+
+
+# ------------------------------------------------------------------------------------------- measuring
+def test_tag_profile_times_a_tiny_model_end_to_end(capsys, tmp_path):
+    from tag.graph.resolve import resolve_model
+
+    out = tmp_path / "host.json.gz"
+    payload = run_json(capsys, "profile", "candle-uno", "--tiny", "--batch-sizes", "2,4", "--warmup", "0",
+                       "--repeats", "1", "--no-comm", "--out", str(out))
+    assert payload["device"] == "cpu" and payload["batch_sizes"] == [2, 4] and payload["cluster"] is None
+    assert 0 < payload["timed_ops"] < payload["ops"] and all(s["measured_s"] > 0 for s in payload["steps"])
+    assert payload["roofline"]["by_kind"][-1]["kind"] == "all"
+    profile = load_profile(out)
+    graph = resolve_model("candle-uno", tiny=True)
+    times = profile.device("cpu").match(graph)
+    assert times is not None and times.batch_sizes == (2, 4)
+    cost = ProfiledCostModel(profile=profile)
+    assert cost.covers(graph, "cpu")
+    timed = np.isfinite(times.measured_s).all(axis=1)
+    assert (cost.op_times(graph, "cpu")[timed] > 0).all()
+    # the simulator reads it: one device's iteration is the sum of the measured ops' fitted times
+    simulated = run_json(capsys, "baselines", "candle-uno", "--tiny", "--cluster", "local:2", "--only",
+                         "single-device", "--profile", str(out))
+    expected = times.predicted(4)[graph.role != 0].sum()
+    assert simulated["baselines"][0]["iteration_time_s"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_comm_is_measured_between_two_processes():
+    from tag.profile.comm import measure_comm
+
+    curves = measure_comm(sizes=(1024, 4096, 65536, 262144), warmup=0, repeats=1, timeout_s=60)
+    for kind in ("p2p", "allreduce"):
+        curve = curves[kind]
+        assert curve.backend == "gloo" and curve.processes == 2 and len(curve.seconds) == 4
+        assert all(t > 0 for t in curve.seconds) and curve.bandwidth > 0 and curve.latency_s >= 0
