@@ -86,7 +86,7 @@ def add_profile_parser(sub) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> dict:
-    from tag.cli import _output_path, _status
+    from tag.cli import _output_path, _staged, _status
     from tag.profile.data import load_profile
 
     out = _output_path(args.out, flag="--out", what="profile")
@@ -114,7 +114,7 @@ def cmd_profile(args: argparse.Namespace) -> dict:
     from tag.profile.data import save_profile
 
     try:
-        save_profile(profile, out)
+        save_profile(profile, _staged(args, str(out)))  # lands when the command succeeds
     except OSError as error:
         raise OutputError(f"--out {args.out!r}: {error.strerror or error}") from None
     if not args.json:

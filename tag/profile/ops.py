@@ -119,6 +119,33 @@ def _input_value(program: Program, record: dict, device: torch.device) -> torch.
     return tensor.to(device)
 
 
+def _refs(value: Any, out: set[int]) -> set[int]:
+    """The ops a JSON argument refers to (``{"ref": op}``, also inside folded views)."""
+    if isinstance(value, list):
+        for item in value:
+            _refs(item, out)
+    elif isinstance(value, dict):
+        if "ref" in value:
+            out.add(int(value["ref"]))
+        for item in value.values():
+            _refs(item, out)
+    return out
+
+
+def _release_after(records: list[dict], order: list[int]) -> dict[int, list[int]]:
+    """op -> the ops whose values nothing after it reads (walking ``order``); a value nobody reads is
+    dropped right after it is made."""
+    last: dict[int, int] = {}
+    for op in order:
+        last[op] = op
+        for producer in _refs([records[op].get("args", []), records[op].get("kwargs", {})], set()):
+            last[producer] = op
+    release: dict[int, list[int]] = {}
+    for producer, reader in last.items():
+        release.setdefault(reader, []).append(producer)
+    return release
+
+
 def time_step(program: Program, batch: int, *, device: torch.device, warmup: int = DEFAULT_WARMUP,
               repeats: int = DEFAULT_REPEATS, progress: Progress | None = None) -> np.ndarray:
     """[N] median seconds of every op of ``program``'s step at ``batch`` rows (NaN where not timed)."""
@@ -131,8 +158,10 @@ def time_step(program: Program, batch: int, *, device: torch.device, warmup: int
         value = values[op]
         return value[out] if isinstance(value, (tuple, list)) else value
 
+    order = graph.topological_order().tolist()
+    release = _release_after(records, order)
     times = np.full(graph.num_ops, np.nan)
-    for done, op in enumerate(graph.topological_order().tolist(), 1):
+    for done, op in enumerate(order, 1):
         record = records[op]
         target = record.get("target")
         if target in ("placeholder", "get_attr"):
@@ -144,6 +173,8 @@ def time_step(program: Program, batch: int, *, device: torch.device, warmup: int
                     "kwargs": _on_device({k: decode(v, resolve) for k, v in record["kwargs"].items()}, device)}
             with torch.no_grad():
                 times[op], values[op] = timer(lambda: call_record(call, resolve))
+        for spent in release.get(op, ()):  # a step's whole state does not fit where its peak does
+            del values[spent]
         if progress is not None and (done % 64 == 0 or done == graph.num_ops):
             progress(64 if done % 64 == 0 else done % 64)
     return times
