@@ -11,8 +11,12 @@ bytes of the overlap of their slices. Per replica and micro-batch m:
   TaskGraph enforces by chaining each device's tasks;
 - for every stage edge a → b, a transfer of the activation after ``aFm`` that ``bFm`` waits for, and a
   transfer of its gradient after ``bBm`` that ``aBm`` waits for;
-- after its last backward, a ring all-reduce of the stage's gradients over its replicas (when R_s > 1),
-  then the optimizer step on every replica.
+- gradient synchronisation as DDP does it (when R_s > 1): the stage's last backward pass runs in the
+  pieces of its gradient buckets (:mod:`tag.exact.buckets`, one per parameter node), and each bucket is
+  ring all-reduced over the replicas as soon as every replica has run its piece, then updated by its
+  optimizer step, so communication overlaps the rest of that backward pass (a pure data-parallel plan,
+  1 stage × R replicas, scores what the DP-NCCL baseline scores). A stage graph without buckets (built
+  by hand) all-reduces once after its last backward pass, then runs the optimizer step.
 
 Memory: parameters × 4 (fp32 Adam: weights, gradients, two moments) per device for the whole run; the
 activations a micro-batch keeps for backward from ``sFm`` to the end of ``sBm``; received activations
@@ -163,28 +167,67 @@ def compile_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequenc
     builder = TaskGraphBuilder(cluster, num_groups=num_stages)
     if orders is None:
         orders = stage_orders(num_stages, micro_batches, schedule)
-    task: dict[tuple[int, int, str, int], int] = {}  # (stage, replica, kind, micro-batch) -> task id
+    task: dict[tuple[int, int, str, int], int] = {}  # (stage, replica, kind, micro-batch) -> its last task
+    first: dict[tuple[int, int, str, int], int] = {}  # the same -> its first task, where it runs in pieces
+    pieces: dict[tuple[int, int], list[int]] = {}  # (stage, replica) -> the last backward's piece tasks
     for s, row in enumerate(rows):
+        split = _split_backward(sg, s, len(row), orders[s])
         for r, device in enumerate(row):
             previous: int | None = None
-            for action in orders[s]:
+            for i, action in enumerate(orders[s]):
+                name = f"s{s}r{r}{action.kind}{action.micro_batch}"
+                key = (s, r, action.kind, action.micro_batch)
+                if i == split:
+                    ids = _backward_pieces(builder, sg, s, device, type_of[device], previous, name, repr(action))
+                    pieces[s, r] = ids
+                    first[key], previous = ids[0], ids[-1]
+                    task[key] = previous
+                    continue
                 times = sg.forward_time if action.kind == FORWARD else sg.backward_time
                 tid = builder.compute(device, float(times[s, type_of[device]]),
-                                      deps=() if previous is None else (previous,), name=f"s{s}r{r}{action.kind}{action.micro_batch}", label=repr(action), group=s)
-                task[s, r, action.kind, action.micro_batch] = tid
+                                      deps=() if previous is None else (previous,), name=name, label=repr(action), group=s)
+                task[key] = tid
                 previous = tid
             builder.tensor(device, ADAM_MEMORY_COPIES * float(sg.param_bytes[s]), persistent=True,
                            name=f"s{s}r{r}.state")
             for m in range(micro_batches):
                 builder.tensor(device, float(sg.activation_bytes[s]), producer=task[s, r, FORWARD, m],
                                consumers=(task[s, r, BACKWARD, m],), name=f"s{s}r{r}.act{m}")
-    _add_transfers(builder, sg, rows, task)
-    _add_gradient_sync(builder, sg, cluster, rows, task, type_of, orders)
+    _add_transfers(builder, sg, rows, task, first)
+    for s, row in enumerate(rows):
+        if (s, 0) in pieces:
+            _add_bucket_sync(builder, sg, cluster, s, row, [pieces[s, r] for r in range(len(row))], type_of)
+        else:
+            _add_gradient_sync(builder, sg, cluster, s, row, task, type_of, orders[s])
     return builder.build()
 
 
+def _split_backward(sg: StageGraph, stage: int, replicas: int, order: Sequence[Action]) -> int:
+    """Index in ``order`` of the backward pass that runs in gradient buckets (its last: the gradients
+    are final there, and all-reduced as they come, as DDP does), or -1: a stage without replicas or
+    without buckets syncs after that pass in one piece."""
+    if replicas < 2 or sg.buckets is None or sg.param_bytes[stage] <= 0:
+        return -1
+    if len(sg.buckets.of_stage(stage)) < 2:
+        return -1
+    return max(i for i, action in enumerate(order) if action.kind == BACKWARD)
+
+
+def _backward_pieces(builder: TaskGraphBuilder, sg: StageGraph, stage: int, device: int, gpu: int,
+                     previous: int | None, name: str, label: str) -> list[int]:
+    """The pieces of one backward pass, chained after ``previous``; the last keeps the pass's name."""
+    ids: list[int] = []
+    piece_ids = sg.buckets.of_stage(stage)
+    for j, k in enumerate(piece_ids.tolist()):
+        after = previous if not ids else ids[-1]
+        ids.append(builder.compute(device, float(sg.buckets.backward_time[k, gpu]),
+                                   deps=() if after is None else (after,),
+                                   name=name if j == len(piece_ids) - 1 else f"{name}.{j}", label=label, group=stage))
+    return ids
+
+
 def _add_transfers(builder: TaskGraphBuilder, sg: StageGraph, rows: list[list[int]],
-                   task: dict[tuple[int, int, str, int], int]) -> None:
+                   task: dict[tuple[int, int, str, int], int], first: dict[tuple[int, int, str, int], int]) -> None:
     for a, b, nbytes in zip(sg.edge_src.tolist(), sg.edge_dst.tolist(), sg.edge_bytes.tolist()):
         r_a, r_b = len(rows[a]), len(rows[b])
         total = nbytes * r_a  # one micro-batch over all replicas of the sender
@@ -198,7 +241,8 @@ def _add_transfers(builder: TaskGraphBuilder, sg: StageGraph, rows: list[list[in
                 for m in range(sg.micro_batches):
                     if share <= 0:  # nothing to move: the order still holds
                         builder.add_deps(task[b, j, FORWARD, m], (task[a, i, FORWARD, m],))
-                        builder.add_deps(task[a, i, BACKWARD, m], (task[b, j, BACKWARD, m],))
+                        builder.add_deps(first.get((a, i, BACKWARD, m), task[a, i, BACKWARD, m]),
+                                         (task[b, j, BACKWARD, m],))
                         continue
                     fwd = builder.transfer(src, dst, share, deps=(task[a, i, FORWARD, m],),
                                            name=f"s{a}r{i}>s{b}r{j}F{m}", label=f"{a}>{b}F{m}", group=a)
@@ -208,25 +252,42 @@ def _add_transfers(builder: TaskGraphBuilder, sg: StageGraph, rows: list[list[in
                                    name=f"s{a}r{i}>s{b}r{j}.act{m}")
                     bwd = builder.transfer(dst, src, share, deps=(task[b, j, BACKWARD, m],),
                                            name=f"s{b}r{j}>s{a}r{i}B{m}", label=f"{b}>{a}B{m}", group=b)
-                    builder.add_deps(task[a, i, BACKWARD, m], (bwd,))
+                    builder.add_deps(first.get((a, i, BACKWARD, m), task[a, i, BACKWARD, m]), (bwd,))
                     builder.tensor(src, share, producer=bwd, consumers=(task[a, i, BACKWARD, m],),
                                    name=f"s{b}r{j}>s{a}r{i}.grad{m}")
 
 
-def _add_gradient_sync(builder: TaskGraphBuilder, sg: StageGraph, cluster: Cluster, rows: list[list[int]],
-                       task: dict[tuple[int, int, str, int], int], type_of: list[int], orders) -> None:
-    for s, row in enumerate(rows):
-        last = orders[s][-1]
-        finals = [task[s, r, last.kind, last.micro_batch] for r in range(len(row))]
-        if len(row) > 1 and sg.param_bytes[s] > 0:
-            duration = allreduce_time(cluster, row, float(sg.param_bytes[s]))
-            sync = [builder.collective(row, duration, op="allreduce", nbytes=float(sg.param_bytes[s]), deps=finals,
-                                       name=f"s{s}.allreduce", label=f"{s}AR", group=s)] * len(row)
-        else:
-            sync = finals
+def _add_gradient_sync(builder: TaskGraphBuilder, sg: StageGraph, cluster: Cluster, s: int, row: list[int],
+                       task: dict[tuple[int, int, str, int], int], type_of: list[int], order) -> None:
+    """One all-reduce of the stage's gradients after its last action, then the optimizer step."""
+    last = order[-1]
+    finals = [task[s, r, last.kind, last.micro_batch] for r in range(len(row))]
+    if len(row) > 1 and sg.param_bytes[s] > 0:
+        duration = allreduce_time(cluster, row, float(sg.param_bytes[s]))
+        sync = [builder.collective(row, duration, op="allreduce", nbytes=float(sg.param_bytes[s]), deps=finals,
+                                   name=f"s{s}.allreduce", label=f"{s}AR", group=s)] * len(row)
+    else:
+        sync = finals
+    for r, device in enumerate(row):
+        builder.compute(device, float(sg.optimizer_time[s, type_of[device]]), deps=(sync[r], finals[r]),
+                        name=f"s{s}r{r}.optimizer", label=f"{s}O", group=s)
+
+
+def _add_bucket_sync(builder: TaskGraphBuilder, sg: StageGraph, cluster: Cluster, s: int, row: list[int],
+                     pieces: list[list[int]], type_of: list[int]) -> None:
+    """An all-reduce of each bucket once every replica has run its piece, then that bucket's update."""
+    buckets = sg.buckets
+    for j, k in enumerate(buckets.of_stage(s).tolist()):
+        ready = [pieces[r][j] for r in range(len(row))]
+        nbytes = float(buckets.nbytes[k])
+        if nbytes > 0:
+            sync = builder.collective(row, allreduce_time(cluster, row, nbytes), op="allreduce", nbytes=nbytes,
+                                      deps=ready, name=f"s{s}.allreduce.{j}", label=f"{s}AR", group=s)
         for r, device in enumerate(row):
-            builder.compute(device, float(sg.optimizer_time[s, type_of[device]]), deps=(sync[r], finals[r]),
-                            name=f"s{s}r{r}.optimizer", label=f"{s}O", group=s)
+            seconds = float(buckets.optimizer_time[k, type_of[device]])
+            if nbytes > 0 or seconds > 0:
+                builder.compute(device, seconds, deps=(sync,) if nbytes > 0 else (ready[r],),
+                                name=f"s{s}r{r}.optimizer.{j}", label=f"{s}O", group=s)
 
 
 def simulate_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]], *,

@@ -55,6 +55,7 @@ import numpy as np
 from tag.cluster.gpus import GPUType, gpu_type
 from tag.cost.compute import CostModel
 from tag.errors import TagError
+from tag.exact.buckets import GradientBuckets, gradient_buckets
 from tag.graph.opgraph import (
     ROLE_BACKWARD,
     ROLE_FORWARD,
@@ -356,6 +357,8 @@ class StageGraph:
     input_bytes: np.ndarray  # [S] received from earlier stages per micro-batch and replica
     forward_assignment: np.ndarray  # [F] stage of every forward op, in topological order
     info: dict[str, Any] = field(default_factory=dict)
+    # each stage's backward pass in pieces, one per parameter node (tag.exact.buckets); None: one piece
+    buckets: GradientBuckets | None = None
 
     @property
     def num_stages(self) -> int:
@@ -494,5 +497,8 @@ def build_stage_graph(fg: ForwardGraph, forward_stage: Sequence[int] | np.ndarra
         gpu_types=fg.gpu_types, reference_type=int(reference_type), forward_time=fwd, backward_time=bwd,
         optimizer_time=opt, activation_bytes=activation, input_bytes=input_bytes,
         forward_assignment=forward_stage.copy(), info={**(info or {}), "links": links},
+        buckets=gradient_buckets(forward_stage, np.stack([fg.bwd_fixed[:, t] + node_fraction * fg.bwd_scaled[:, t]
+                                                          for t in range(num_types)], 1),
+                                 fg.param_bytes, fg.optimizer_time),
     )
 

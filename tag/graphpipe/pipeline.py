@@ -6,18 +6,18 @@ stages) with each stage running its own order from the static scheduler
 (:mod:`tag.graphpipe.scheduler`) instead of the chain's 1F1B. Per replica and micro-batch: ``sFm`` and
 ``sBm`` chained in the stage's order; for every stage edge a → b a p2p transfer of the activation
 after ``aFm`` that ``bFm`` waits for and of its gradient after ``bBm`` that ``aBm`` waits for (replica
-pairs exchange the overlap of their batch slices); after the last backward a ring all-reduce of the
-stage's gradients over its replicas, then the optimizer step. Memory: parameters × 4 per device, the
-activations of a micro-batch from ``sFm`` to the end of ``sBm``, received activations and gradients
-until ``sBm`` ends.
+pairs exchange the overlap of their batch slices); during the last backward pass a ring all-reduce of
+each gradient bucket over the stage's replicas, then its optimizer step (:mod:`tag.exact.buckets`).
+Memory: parameters × 4 per device, the activations of a micro-batch from ``sFm`` to the end of
+``sBm``, received activations and gradients until ``sBm`` ends.
 
 **Planning** (:func:`plan_graph_pipeline`): for every micro-batch count M (powers of two, at most the
 batch) and every tail share of :data:`TAIL_SHARES`, the partitioner's Pareto front of (bottleneck T,
 depth) (:func:`tag.graphpipe.depth_frontier`), each point rebuilt into its plan. The partitioner
 amortises a stage's all-reduce and optimizer step over the M micro-batches, but the simulator (like a
-real iteration) runs them once, after the stage's last backward pass — and the entry stages of a graph
-pipeline finish their backward passes last — so a plan the DP ranks first can simulate worse; the
-tail shares add plans that keep those steps short, and plans are ranked by
+real iteration) runs them once, during and after the stage's last backward pass — and the entry stages
+of a graph pipeline finish their backward passes last — so a plan the DP ranks first can simulate worse;
+the tail shares add plans that keep those steps short, and plans are ranked by
 :func:`_iteration_estimate`, which puts each step after its stage's last backward pass. Every plan within
 ``slack`` of the best estimate is compiled and simulated, and the fastest feasible one is kept — the
 same "score candidates by simulation" rule as :func:`tag.exact.plan_pipeline`. A chain of stages is a
