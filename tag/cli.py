@@ -97,6 +97,7 @@ def _int_in(low: int, high: int, shown: str):
 _batch_size = _int_in(1, 2**31, "1..2^31")
 _positive_int = _int_in(1, 10**9, "1..10^9")
 _num_groups = _int_in(1, 10_000, "1..10000")
+_micro_batches = _int_in(1, 4096, "1..4096")  # tag.exact.stage_graph.MAX_MICRO_BATCHES
 _seed = _int_in(0, 2**63 - 1, "0..2^63-1")  # tag._rng.MAX_SEED: METIS and torch take a signed 64-bit seed
 
 
@@ -908,7 +909,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replicas", type=_positive_int, metavar="R", help="replicas per stage (with --auto: only this R)")
     p.add_argument("--auto", action="store_true", help="search (S, R, micro-batches) by simulation (the default "
                                                        "when neither --stages nor --replicas is given)")
-    p.add_argument("--micro-batches", type=_positive_int, metavar="M", help="micro-batches (default: searched)")
+    p.add_argument("--micro-batches", type=_micro_batches, metavar="M", help="micro-batches (default: searched)")
     p.add_argument("--partitioner", choices=(*_pipeline_choices("PARTITIONERS"), "graphpipe"), default="parmesan",
                    help="stage partitioner (default parmesan; graphpipe: stages that form a graph, GraphPipe)")
     p.add_argument("--mapper", choices=_pipeline_choices("MAPPERS"), default="exact",

@@ -96,6 +96,15 @@ def test_huge_counts_in_a_cluster_spec(capfd, tmp_path, machine, field):
     assert_one_line(capfd, ["show", "resnet101", "--cluster", spec], field)
 
 
+def test_saved_cluster_with_an_id_past_64_bits(capfd, tmp_path):
+    from tag.cluster import resolve_cluster
+
+    doc = resolve_cluster(TOY).to_json()
+    doc["device_type"][0] = 10**30
+    path = write(tmp_path / "saved.json", json.dumps(doc))
+    assert_one_line(capfd, ["show", "resnet101", "--cluster", path], "saved.json", "malformed cluster JSON")
+
+
 @pytest.mark.parametrize("seed", [str(2**63), str(10**30), "-1"])
 def test_seed_out_of_range(capfd, seed):
     assert_one_line(capfd, ["baselines", "vgg19", "--tiny", "--cluster", TOY, "--seed", seed], "--seed", "0..2^63-1")
@@ -153,13 +162,44 @@ def pipeline_plan(tmp_path_factory):
     return json.loads(plan.read_text())
 
 
-@pytest.mark.parametrize("micro_batches", [10**9, 5])
-def test_pipeline_plan_with_more_micro_batches_than_samples(capfd, tmp_path, pipeline_plan, micro_batches):
+@pytest.mark.parametrize("micro_batches, words", [
+    (10**9, ("1..4096",)), (10**30, ("1..4096",)), (5, ("exceed the batch of 4",)),
+])
+def test_pipeline_plan_with_more_micro_batches_than_samples(capfd, tmp_path, pipeline_plan, micro_batches, words):
     doc = json.loads(json.dumps(pipeline_plan))
     doc["pipeline"]["micro_batches"] = micro_batches
     plan = write(tmp_path / "plan.json", json.dumps(doc))
     assert_one_line(capfd, ["simulate", "vgg19", "--tiny", "--cluster", TOY, "--strategy", plan],
-                    "pipeline.micro_batches", "exceed the batch of 4")
+                    "pipeline.micro_batches", *words)
+
+
+def test_pipeline_micro_batches_flag_is_bounded(capfd):
+    assert_one_line(capfd, ["pipeline", "vgg19", "--tiny", "--cluster", TOY, "--batch-size", str(2**31),
+                            "--micro-batches", "1000000000"], "--micro-batches", "1..4096")
+
+
+@pytest.fixture(scope="module")
+def strategy_plan(tmp_path_factory):
+    """A plan file of vgg19-tiny in 4 op groups on the toy cluster (a 3-iteration search)."""
+    plan = tmp_path_factory.mktemp("plan") / "plan.json"
+    code = main(["plan", "vgg19", "--tiny", "--cluster", TOY, "--budget", "3", "--uniform", "--num-groups", "4",
+                 "--out", str(plan), "--json"])
+    assert code == 0
+    return json.loads(plan.read_text())
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("fusion_bytes", "x", ("summary.fusion_bytes",)),
+    ("fusion_bytes", 1e-300, ("summary.fusion_bytes",)),
+    ("sfb_groups", "abc", ("summary.sfb_groups",)),
+    ("sfb_groups", [10**30], ("summary.sfb_groups[0]", "64-bit")),
+    ("sfb_groups", [4], ("summary.sfb_groups", "0..3")),
+])
+def test_plan_summary_fields_that_simulate_reads(capfd, tmp_path, strategy_plan, field, value, words):
+    doc = json.loads(json.dumps(strategy_plan))
+    doc["summary"][field] = value
+    plan = write(tmp_path / "plan.json", json.dumps(doc))
+    assert_one_line(capfd, ["simulate", "vgg19", "--tiny", "--cluster", TOY, "--strategy", plan], *words)
 
 
 def test_pipeline_plan_with_a_foreign_reference_gpu(capfd, tmp_path, pipeline_plan):
@@ -181,6 +221,9 @@ def test_gzip_that_inflates_past_the_bound(capfd, tmp_path, monkeypatch):
 @pytest.mark.parametrize("text, words", [
     ("updates_per_round = 0\n", ("updates_per_round", "1..")),
     ("replay_capacity = 8\nmin_replay = 16\n", ("replay_capacity (8)", "min_replay (16)")),
+    ("mcts_iterations = 10\nmin_visits = 12\n", ("min_visits (12)", "mcts_iterations (10)")),
+    ("learning_rate = inf\n", ("learning_rate",)),
+    ("models = [[1]]\n", ("models", "unknown zoo model")),
 ])
 def test_train_config_that_never_finishes(capfd, tmp_path, text, words):
     config = write(tmp_path / "c.toml", text)

@@ -282,7 +282,7 @@ class Cluster:
                 nic_bandwidth=None if data.get("nic_bandwidth") is None else _decode(data["nic_bandwidth"], "nic_bandwidth"),
                 device_group=data.get("device_group"),
             )
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: an id past 64 bits
             raise SchemaError(f"malformed cluster JSON: {exc}") from None
 
 

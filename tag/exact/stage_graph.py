@@ -82,6 +82,7 @@ ADAM_MEMORY_COPIES = 4
 SCHEDULES = ("1f1b", "gpipe")
 # stage edges of a StageGraph (module docstring, Links): direct data edges, or a sequential chain
 LINKS = ("data", "chain")
+MAX_MICRO_BATCHES = 4096  # far past any useful pipeline; the task graph grows with S x M
 _STATEFUL_KINDS = frozenset({"parameter", "optimizer_state"})
 _NONE = -1
 
@@ -460,8 +461,8 @@ def build_stage_graph(fg: ForwardGraph, forward_stage: Sequence[int] | np.ndarra
         k = int(np.argmax(forward_stage[fg.edge_src] > forward_stage[fg.edge_dst]))
         raise PartitionError(f"edge {int(fg.edge_src[k])} -> {int(fg.edge_dst[k])} goes from stage "
                              f"{forward_stage[fg.edge_src[k]]} back to {forward_stage[fg.edge_dst[k]]}")
-    if micro_batches < 1:
-        raise PartitionError(f"micro_batches must be a positive integer, got {micro_batches!r}")
+    if not 1 <= micro_batches <= MAX_MICRO_BATCHES:
+        raise PartitionError(f"micro_batches must be an integer in 1..{MAX_MICRO_BATCHES}, got {micro_batches!r}")
     counts = _replica_counts(replicas, num_stages)
     fraction = 1.0 / (micro_batches * counts)  # [S] of the reference batch per micro-batch and replica
     node_fraction = fraction[forward_stage]  # [F]

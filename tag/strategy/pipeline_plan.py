@@ -35,7 +35,7 @@ import numpy as np
 from tag._atomic import atomic_write_text
 from tag._schema import check_header
 from tag.cluster import Cluster
-from tag.exact.stage_graph import LINKS
+from tag.exact.stage_graph import LINKS, MAX_MICRO_BATCHES
 from tag.graph import OpGraph
 from tag.strategy.errors import PlanError
 from tag.strategy.fingerprint import graph_fingerprint
@@ -102,8 +102,8 @@ def _check_layout(num_devices: int, micro_batches: int, replicas: Sequence[int],
                   assignment: np.ndarray, where: str = "pipeline plan") -> None:
     """PlanError unless stages, replicas, mapping and assignment agree."""
     num_stages = len(replicas)
-    if micro_batches < 1:
-        raise PlanError(f"{where}: pipeline.micro_batches must be positive, got {micro_batches}")
+    if not 1 <= micro_batches <= MAX_MICRO_BATCHES:
+        raise PlanError(f"{where}: pipeline.micro_batches must be in 1..{MAX_MICRO_BATCHES}, got {micro_batches}")
     if not replicas or min(replicas) < 1:
         raise PlanError(f"{where}: pipeline.replicas must list a positive count per stage, got {list(replicas)}")
     if len(mapping) != num_stages:

@@ -228,6 +228,7 @@ def plan_from_json(doc: Any, *, where: str = "plan") -> Plan:
     summary = doc.get("summary", {})
     if not isinstance(summary, dict):
         raise PlanError(f"{where}: field 'summary' must be an object, got {type(summary).__name__}")
+    _check_summary(summary, num_groups, where)
     try:
         return Plan(
             strategy=strategy,
@@ -283,9 +284,25 @@ _KIND_NAMES = {dict: "an object", list: "a list", str: "a string", int: "an inte
 
 def _int_list(values: list, name: str, where: str) -> np.ndarray:
     for i, value in enumerate(values):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise PlanError(f"{where}: {name}[{i}] must be an integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not -2**63 <= value < 2**63:
+            raise PlanError(f"{where}: {name}[{i}] must be a 64-bit integer, got {value!r}")
     return np.array(values, dtype=np.int64)
+
+
+def _check_summary(summary: dict, num_groups: int, where: str) -> None:
+    """The summary fields `tag simulate` reads back: the fusion threshold and the SFB groups kept."""
+    fusion = summary.get("fusion_bytes")
+    if fusion is not None and (isinstance(fusion, bool) or not isinstance(fusion, (int, float))
+                               or not 1 <= fusion < math.inf):
+        raise PlanError(f"{where}: summary.fusion_bytes must be a number of bytes >= 1 or null, got {fusion!r}")
+    groups = summary.get("sfb_groups")
+    if groups is None:
+        return
+    if not isinstance(groups, list):
+        raise PlanError(f"{where}: summary.sfb_groups must be a list of op group ids, got {groups!r}")
+    ids = _int_list(groups, "summary.sfb_groups", where)
+    if ids.size and (ids.min() < 0 or ids.max() >= num_groups or np.unique(ids).size != ids.size):
+        raise PlanError(f"{where}: summary.sfb_groups must hold distinct op group ids in 0..{num_groups - 1}")
 
 
 def _jsonable(value: Any) -> Any:

@@ -93,6 +93,7 @@ def _interrupt(signum: int, frame: Any) -> None:
 
 def _print_summary(payload: dict[str, Any]) -> None:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     table = Table(title="tag train", show_header=False)
@@ -104,7 +105,7 @@ def _print_summary(payload: dict[str, Any]) -> None:
                         ("final loss", "-" if loss is None else f"{loss:.4f}"),
                         ("wall time", f"{payload['wall_s']:.0f} s"), ("checkpoint", payload["checkpoint"]),
                         ("policy", payload["policy"])):
-        table.add_row(what, str(value))
+        table.add_row(what, escape(str(value)))  # run folders are the user's names: "[/]" prints as written
     Console(highlight=False).print(table)
 
 

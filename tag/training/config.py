@@ -13,7 +13,6 @@ draws from ``[EVAL_SEED_START, VALIDATION_SEED_START)``, the validation set of t
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import tomllib
 from dataclasses import dataclass, field
@@ -134,8 +133,8 @@ _INTS = {"num_groups": (1, 10_000), "mcts_iterations": (1, 10**6), "min_visits":
          "validation_iterations": (1, 10**6), "total_steps": (0, 10**9), "workers": (0, 1024),
          "checkpoint_every": (1, 10**9), "validate_every": (1, 10**9), "log_every": (1, 10**9),
          "seed": (0, MAX_SEED)}
-_FLOATS = {"c_puct": (0.0, math.inf), "root_noise": (0.0, 1.0), "noise_alpha": (1e-9, math.inf),
-           "learning_rate": (1e-12, math.inf), "weight_decay": (0.0, math.inf), "grad_clip": (1e-12, math.inf)}
+_FLOATS = {"c_puct": (0.0, 1e6), "root_noise": (0.0, 1.0), "noise_alpha": (1e-9, 1e6),
+           "learning_rate": (1e-12, 10.0), "weight_decay": (0.0, 10.0), "grad_clip": (1e-12, 1e6)}
 
 
 def _is_int(value: Any) -> bool:
@@ -153,6 +152,9 @@ def _validate(config: TrainConfig) -> None:
     if config.replay_capacity < config.min_replay:  # the buffer would never hold enough to take a step
         raise TrainingError(f"replay_capacity ({config.replay_capacity}) must be at least min_replay "
                             f"({config.min_replay})")
+    if config.min_visits > config.mcts_iterations:  # not even the root reaches it: games record no state
+        raise TrainingError(f"min_visits ({config.min_visits}) must be at most mcts_iterations "
+                            f"({config.mcts_iterations})")
     for name, (low, high) in _FLOATS.items():
         value = getattr(config, name)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
@@ -160,7 +162,7 @@ def _validate(config: TrainConfig) -> None:
     if not isinstance(config.models, tuple) or not config.models:
         raise TrainingError(f"models must be a non-empty list of zoo names, got {config.models!r}")
     for model in config.models:
-        if model not in MODELS:
+        if not isinstance(model, str) or model not in MODELS:
             raise TrainingError(f"models: unknown zoo model {model!r} (known: {', '.join(MODELS)})")
     if not isinstance(config.tiny, bool):
         raise TrainingError(f"tiny must be true or false, got {config.tiny!r}")
