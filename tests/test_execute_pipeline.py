@@ -13,6 +13,8 @@ from tag.cluster.build import Machine, build_cluster
 from tag.exact import plan_pipeline
 from tag.exact.schedules import stage_order
 from tag.execute import ExecutionError, WorkerPool, lower_pipeline, run_pipeline, zoo_program
+from tag.execute.pipeline import pipeline_view
+from tag.execute.torch_pipeline import stage_jobs, torch_pipeline_reason
 from tag.graphpipe import plan_graph_pipeline
 from tag.graphpipe.scheduler import graph_stage_orders, stage_inflight
 from tag.sim import TASK_TRANSFER
@@ -74,7 +76,7 @@ def test_two_stages_follow_the_schedule_and_equal_one_device(uno, pool, schedule
         assert lowered.actions(rank, uno.graph) == expected_actions(stage_order(s, 2, 4, schedule))
     result = run_pipeline(uno, record, cluster, steps=2, check=True, pool=pool)
     assert_equal_to_one_device(result)
-    assert result.schedule == {"followed": True, "waits_on": []}
+    assert result.schedule == {"followed": True, "waits_on": [], "runtime": "tag"}
     assert sum(c[1] != "transfer" for c in result.communication) == 0  # one replica per stage: nothing to reduce
 
 
@@ -120,6 +122,44 @@ def test_graph_pipeline_of_a_branched_model(uno, pool):
         for rank in row:
             assert lowered.actions(rank, uno.graph) == expected_actions(orders[s])
     assert_equal_to_one_device(run_pipeline(uno, record, cluster, steps=2, check=True, pool=pool))
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_torch_pipelining_runs_a_chain_and_equals_one_device(uno, pool, schedule):
+    cluster = toy_cluster(2)
+    _, record = sequential(uno, cluster, stages=2, replicas=1, micro_batches=4, schedule=schedule)
+    result = run_pipeline(uno, record, cluster, steps=2, check=True, pool=pool, runtime="torch")
+    assert_equal_to_one_device(result)
+    assert result.schedule["runtime"] == "torch.distributed.pipelining"
+    assert sum(c[1] == "transfer" for c in result.communication) == 8  # 4 micro-batches, forward and back
+
+
+def test_torch_pipelining_stage_replicas_on_a_device_mesh_with_a_tied_weight(gpt2, pool):
+    """gpt2's output layer reads the embedding of stage 0: it leaves stage 0 as an activation and its
+    gradient comes back; each stage's two replicas average their gradients over the mesh's dp dimension.
+    Its cross-entropy is a mean over each micro-batch's rows, so torch's 1F1B is exact here."""
+    cluster = toy_cluster(4)
+    _, record = sequential(gpt2, cluster, stages=2, replicas=2, micro_batches=2)
+    jobs = stage_jobs(gpt2, pipeline_view(gpt2, record, cluster))
+    embedding = [op for op, key in jobs[0].params.items() if key == "token_embedding.weight"]
+    assert embedding and (embedding[0], 0) in jobs[1].inputs  # passed from stage 0 to stage 1
+    result = run_pipeline(gpt2, record, cluster, steps=2, check=True, pool=pool, runtime="auto")
+    assert_equal_to_one_device(result)
+    assert result.schedule["runtime"] == "torch.distributed.pipelining"
+    assert {c[2] for c in result.communication if c[1] == "allreduce"} == {(0, 2), (1, 3)}  # r·S + s
+
+
+def test_what_torch_pipelining_cannot_run_goes_to_tags_runtime(uno):
+    cluster = toy_cluster(3)
+    _, record = sequential(uno, cluster, stages=2, replicas=1, micro_batches=2, replica_counts=[1, 2],
+                           mapping=[[0], [1, 2]])
+    view = pipeline_view(uno, record, cluster)
+    assert "unequal replica counts" in torch_pipeline_reason(uno, view, record.partitioner)
+    with pytest.raises(ExecutionError, match="cannot run this plan"):
+        run_pipeline(uno, record, cluster, runtime="torch")
+    odd = zoo_program("candle-uno", tiny=True, batch_size=6)
+    _, chain = sequential(odd, toy_cluster(2), stages=2, replicas=1, micro_batches=4)
+    assert "equal micro-batches" in torch_pipeline_reason(odd, pipeline_view(odd, chain, toy_cluster(2)), "parmesan")
 
 
 def test_executed_transfers_are_the_simulated_ones(uno):

@@ -23,6 +23,9 @@ def add_run_parser(sub) -> None:
     p.add_argument("--cluster", required=True, help="the cluster the plan was made for (preset or spec file)")
     p.add_argument("--nproc", type=steps, help="processes to start (must be the plan's device count)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
+    p.add_argument("--runtime", choices=("auto", "torch", "tag"), default="auto",
+                   help="pipeline plans: torch.distributed.pipelining (chains of equal replicas, GPipe/1F1B), "
+                        "tag's micro-batch runtime (any pipeline), or auto: torch's where it can (default)")
     p.add_argument("--steps", type=steps, default=2, help="optimizer steps to run (default 2)")
     p.add_argument("--check", action="store_true",
                    help="compare loss, gradients and updated parameters with the single-device step")
@@ -97,7 +100,7 @@ def _run_pipeline(args: argparse.Namespace, program, cluster):
     with _status(sys.stderr.isatty(), f"running a pipeline of {what} for {args.steps} step(s)"):
         return run_pipeline(program, plan, cluster, steps=args.steps, check=args.check,
                             allow_batch_coupled=args.allow_batch_coupled, backend=args.backend, port=args.port,
-                            timeout_s=args.timeout)
+                            timeout_s=args.timeout, runtime=args.runtime)
 
 
 def _worst(check: dict) -> str:
@@ -123,6 +126,8 @@ def _print_run(payload: dict) -> None:
     console.print(f"{payload['transfers']} transfers and {payload['collectives']} collectives per step, "
                   f"{format_bytes(payload['bytes_moved'])} moved; median step {format_time(payload['median_step_s'])}")
     schedule = payload.get("schedule")
+    if schedule:
+        console.print(f"pipeline runtime: {schedule['runtime']}")
     if schedule and not schedule["followed"]:
         console.print(f"[yellow]the ranks could not follow the plan's schedule: every backward pass waits for "
                       f"{', '.join(map(escape, schedule['waits_on'][:3]))}, summed over all micro-batches[/]")

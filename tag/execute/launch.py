@@ -48,12 +48,14 @@ def check_port(port: int) -> None:
             raise ExecutionError(f"port {port} is in use on this host; give another --port or leave it out") from None
 
 
-def _run_rank(rank: int, world: int, port: int, backend: str, program: RankProgram, tensors: dict, steps: int,
+def _run_rank(rank: int, world: int, port: int, backend: str, program, tensors: dict, steps: int,
               timeout_s: float, out_dir: str, faults: dict | None = None) -> None:
-    """Body of one rank: join the group, run ``steps`` steps, write results or the error to ``out_dir``."""
+    """Body of one rank: join the group, run ``steps`` steps, write results or the error to ``out_dir``.
+    ``program``: a :class:`RankProgram`, or anything with ``make_runtime(tensors)`` giving an object with
+    ``step()``, ``carry()`` and ``describe()`` (a torch pipeline stage, :mod:`tag.execute.torch_pipeline`)."""
     import torch.distributed as dist
 
-    from tag.execute.runtime import RankRuntime, timed_steps
+    from tag.execute.runtime import timed_steps
 
     torch.set_num_threads(1)
     runtime = None
@@ -61,7 +63,7 @@ def _run_rank(rank: int, world: int, port: int, backend: str, program: RankProgr
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s))
         try:
-            runtime = RankRuntime(program, tensors)
+            runtime = program.make_runtime(tensors)
             _inject(faults, rank, runtime)
             results, times = timed_steps(runtime, steps)
             torch.save({"rank": rank, "results": results, "times": times}, Path(out_dir) / f"rank{rank}.pt")
@@ -102,11 +104,16 @@ def _collect(out_dir: Path, world: int) -> list[dict]:
     return results
 
 
+_PEER_FAILURES = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
 def _first_error(out_dir: Path) -> str | None:
-    errors = sorted(out_dir.glob("rank*.error"))
+    """The first line of the error that caused the failure: a rank that lost its peer reports only that."""
+    errors = [path.read_text().splitlines()[0] for path in sorted(out_dir.glob("rank*.error"))]
     if not errors:
         return None
-    return errors[0].read_text().splitlines()[0]
+    own = [e for e in errors if not any(mark in e for mark in _PEER_FAILURES)]
+    return (own or errors)[0]
 
 
 def run_ranks(programs: list[RankProgram], tensors: dict, *, steps: int = 1, backend: str = "gloo",
@@ -152,10 +159,12 @@ def _raise_failure(out: Path, world: int, exitcodes: dict[int, Any]) -> None:
     missing = [r for r in range(world) if not (out / f"rank{r}.pt").exists()]
     if not missing:
         return
+    error = _first_error(out)
+    if error is not None and not any(mark in error for mark in _PEER_FAILURES):
+        raise ExecutionError(error)  # a rank raised: the others were stopped after it
     died = [r for r in missing if exitcodes.get(r) not in (0, None) and not (out / f"rank{r}.error").exists()]
     if died:  # a rank that died is the cause; the others only saw their peer vanish
         raise ExecutionError(f"rank {died[0]} died (exit status {exitcodes[died[0]]}) before it finished")
-    error = _first_error(out)
     if error is not None:
         raise ExecutionError(error)
     rank = missing[0]

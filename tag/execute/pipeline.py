@@ -447,11 +447,31 @@ def lower_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *
     return LoweredPipeline(view, placed, compiled, virtual, programs, coupled)
 
 
+RUNTIMES = ("auto", "torch", "tag")
+
+
 def run_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *, steps: int = 2,
                  check: bool = False, allow_batch_coupled: bool = False, backend: str = "gloo",
                  timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None,
-                 port: int | None = None) -> RunResult:
-    """Run pipeline plan ``plan`` for ``steps`` optimizer steps, one process per device of ``cluster``."""
+                 port: int | None = None, runtime: str = "tag") -> RunResult:
+    """Run pipeline plan ``plan`` for ``steps`` optimizer steps. ``runtime``: ``"tag"`` (this module: one
+    process per device of ``cluster``, any pipeline), ``"torch"`` (``torch.distributed.pipelining``, one
+    process per stage replica: chains of equal replicas under GPipe / 1F1B, :mod:`tag.execute.torch_pipeline`)
+    or ``"auto"`` (torch's where it can run the plan, else tag's)."""
+    if runtime not in RUNTIMES:
+        raise ExecutionError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    if runtime != "tag":
+        from tag.execute.torch_pipeline import run_torch_pipeline, torch_pipeline_reason
+
+        view = pipeline_view(program, plan, cluster)
+        reason = torch_pipeline_reason(program, view, plan.partitioner)
+        if reason is None and program.coupled:  # tag's runtime names them, refuses or reports them
+            reason = f"the model has batch-coupled ops ({', '.join(sorted(set(program.coupled.values())))})"
+        if reason is None:
+            return run_torch_pipeline(program, view, steps=steps, check=check, backend=backend, timeout_s=timeout_s,
+                                      pool=pool, port=port)
+        if runtime == "torch":
+            raise ExecutionError(f"torch.distributed.pipelining cannot run this plan: {reason}; use --runtime tag")
     lowered = lower_pipeline(program, plan, cluster, allow_batch_coupled=allow_batch_coupled)
     programs, virtual, slots = lowered.programs, lowered.virtual, lowered.placed.slots
     if pool is not None:
@@ -468,7 +488,7 @@ def run_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *, 
                        step_times_s=[[r["times"][k] for r in reports] for k in range(steps)],
                        communication=[c for p in programs for c in p.communication()], coupled=lowered.coupled,
                        values=values)
-    result.schedule = lowered.schedule_report(program.graph)
+    result.schedule = {**lowered.schedule_report(program.graph), "runtime": "tag"}
     if check:
         result.check = compare_steps(values, reference_steps(program, steps), lowered.coupled)
     return result
