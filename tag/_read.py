@@ -19,7 +19,8 @@ import yaml
 
 from tag.errors import TagError
 
-__all__ = ["MAX_INPUT_BYTES", "MAX_NESTING", "input_is_file", "check_input_file", "read_input", "parse_json", "parse_yaml"]
+__all__ = ["MAX_INPUT_BYTES", "MAX_NESTING", "input_is_file", "check_input_file", "read_input", "parse_json",
+           "parse_yaml"]
 
 MAX_INPUT_BYTES = 256 << 20  # the largest graph of the zoo is 4 MB of JSON; 64x that is surely a mistake
 MAX_NESTING = 64  # tag's documents nest at most ~6 deep; parsers and printers recurse per level

@@ -101,6 +101,13 @@ _micro_batches = _int_in(1, 4096, "1..4096")  # tag.exact.stage_graph.MAX_MICRO_
 _seed = _int_in(0, 2**63 - 1, "0..2^63-1")  # tag._rng.MAX_SEED: METIS and torch take a signed 64-bit seed
 
 
+def _named(text: str) -> str:
+    """An argparse type for a file or preset name: an empty one is an error, not the flag left out."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("must not be empty")
+    return text
+
+
 def _positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -352,7 +359,8 @@ def _simulate_pipeline_plan(args: argparse.Namespace, graph, cluster) -> dict:
     state = "[green]fits[/]" if plan.result.feasible else f"[red]OOM on device {plan.result.oom_device}[/]"
     console = _console()
     payload = _shown(payload)  # printed from here on; --json returned above
-    console.print(f"{payload['model']} on {payload['cluster']}, {payload['what']}: {plan.num_stages} stages x {list(record.replicas)} "
+    console.print(f"{payload['model']} on {payload['cluster']}, {payload['what']}: {plan.num_stages} stages x "
+                  f"{list(record.replicas)} "
                   f"replicas, {record.micro_batches} micro-batches ({record.schedule}): iteration "
                   f"{format_time(plan.iteration_time)}, {payload['samples_per_s']:.1f} samples/s, {state} "
                   f"({payload['tasks']:,} tasks)")
@@ -410,7 +418,8 @@ def cmd_simulate(args: argparse.Namespace) -> dict:
     console = _console()
     payload = _shown(payload)  # printed from here on; --json returned above
     state = "[green]fits[/]" if result.feasible else f"[red]OOM on device {result.oom_device}[/]"
-    console.print(f"{payload['model']} on {payload['cluster']}, {payload['what']}: iteration {format_time(result.iteration_time)}, "
+    console.print(f"{payload['model']} on {payload['cluster']}, {payload['what']}: "
+                  f"iteration {format_time(result.iteration_time)}, "
                   f"{payload['samples_per_s']:.1f} samples/s, {state} ({payload['tasks']:,} tasks)")
     table = Table(title="Peak memory per device")
     for column in ("device", "GPU", "peak", "capacity", "use"):
@@ -823,14 +832,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("show", help="summarise a model: ops by role, parameters, FLOPs, memory, where it fits")
     _add_model(p)
-    p.add_argument("--cluster", help="preset NAME[:ARGS] or a YAML/JSON spec file")
+    p.add_argument("--cluster", type=_named, help="preset NAME[:ARGS] or a YAML/JSON spec file")
     p.add_argument("--json", action="store_true")
     _add_profile(p)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("trace", help="trace a model (zoo name or MODULE:FUNCTION) into an OpGraph file")
     _add_model(p)
-    p.add_argument("--out", required=True, help="output graph file (.json or .json.gz)")
+    p.add_argument("--out", type=_named, required=True, help="output graph file (.json or .json.gz)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trace)
 
@@ -841,13 +850,14 @@ def build_parser() -> argparse.ArgumentParser:
     budget.add_argument("--budget", type=_positive_int, metavar="N", help="search iterations (default 600)")
     budget.add_argument("--time", type=_positive_seconds, metavar="S", help="search time limit in seconds")
     priors = p.add_mutually_exclusive_group()
-    priors.add_argument("--policy", metavar="CKPT",
+    priors.add_argument("--policy", type=_named, metavar="CKPT",
                         help="GNN policy checkpoint for the priors (default: the shipped checkpoints/tag-policy.pt)")
     priors.add_argument("--uniform", action="store_true", help="uniform priors: pure MCTS")
     p.add_argument("--search", choices=("mcts", "mcmc"), default="mcts", help="search method (default mcts)")
     p.add_argument("--no-sfb", action="store_true", help="skip sufficient-factor broadcasting")
     _add_grouping(p, seed_help="METIS and search seed")
-    p.add_argument("--out", metavar="PLAN.json", help="write the plan file (for `tag simulate --strategy`)")
+    p.add_argument("--out", type=_named, metavar="PLAN.json",
+                   help="write the plan file (for `tag simulate --strategy`)")
     _add_views(p)
     p.add_argument("--json", action="store_true")
     _add_profile(p)
@@ -857,7 +867,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_model(p)
     _add_cluster(p)
     what = p.add_mutually_exclusive_group(required=True)
-    what.add_argument("--strategy", metavar="PLAN.json", help="a plan file (from `tag plan --out` or `tag pipeline --out`)")
+    what.add_argument("--strategy", type=_named, metavar="PLAN.json",
+                      help="a plan file (from `tag plan --out` or `tag pipeline --out`)")
     what.add_argument("--baseline", choices=_baseline_names(), help="a baseline strategy")
     _add_simulation(p)
     _add_views(p)
@@ -891,7 +902,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_cluster(p)
     p.add_argument("--budget", type=_positive_int, default=300, metavar="N",
                    help="search iterations of MCMC, pure MCTS and tag (default 300)")
-    p.add_argument("--policy", metavar="CKPT",
+    p.add_argument("--policy", type=_named, metavar="CKPT",
                    help="GNN policy checkpoint for the tag (GNN+MCTS) row (default: the shipped one)")
     p.add_argument("--time-limit", type=_positive_seconds, default=60.0, metavar="S",
                    help="seconds for the exact mapper (default 60)")
@@ -923,7 +934,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="stage edges: data (activations sent directly, the default) or chain (a sequential "
                         "runtime: stage s sends to s+1 only, passing the rest through)")
     p.add_argument("--seed", type=_seed, default=0, help="seed of the random mappings")
-    p.add_argument("--out", metavar="PLAN.json", help="write the pipeline plan (for `tag simulate --strategy`)")
+    p.add_argument("--out", type=_named, metavar="PLAN.json",
+                   help="write the pipeline plan (for `tag simulate --strategy`)")
     _add_views(p)
     p.add_argument("--json", action="store_true")
     _add_profile(p)
@@ -932,7 +944,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_mapper_policy(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--mapper-policy", metavar="CKPT",
+    p.add_argument("--mapper-policy", type=_named, metavar="CKPT",
                    help="mapping GNN checkpoint of the learned mapper (default: the shipped checkpoints/tag-mapper.pt)")
 
 
@@ -950,7 +962,7 @@ def _baseline_names() -> list[str]:
 
 
 def _add_cluster(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cluster", required=True, help="preset NAME[:ARGS] or a YAML/JSON spec file (`tag clusters`)")
+    parser.add_argument("--cluster", type=_named, required=True, help="preset NAME[:ARGS] or a YAML/JSON spec file (`tag clusters`)")
 
 
 def _add_grouping(parser: argparse.ArgumentParser, *, seed_help: str = "METIS seed") -> None:
@@ -977,8 +989,8 @@ def _profile_cost(args: argparse.Namespace):
 
 
 def _add_views(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", metavar="T.json", help="write a Chrome trace (chrome://tracing, Perfetto)")
-    parser.add_argument("--gantt", metavar="G.png", help="draw a Gantt chart of the simulated iteration")
+    parser.add_argument("--trace", type=_named, metavar="T.json", help="write a Chrome trace (chrome://tracing, Perfetto)")
+    parser.add_argument("--gantt", type=_named, metavar="G.png", help="draw a Gantt chart of the simulated iteration")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -405,3 +405,23 @@ def test_absurd_speeds_name_the_spec_field(capfd, tmp_path, spec, field):
 ])
 def test_duplicate_keys(capfd, tmp_path, name, text, words):
     assert_one_line(capfd, ["show", "resnet101", "--cluster", write(tmp_path / name, text)], name, *words)
+
+
+@pytest.mark.parametrize("spec, words", [
+    ("gpus:\n  RTX: {memory: 24GiB, memory_bandwidth: 936GB/s, fp32: 35TFLOPS}\n"
+     "  rtx: {memory: 12GiB, memory_bandwidth: 500GB/s, fp32: 10TFLOPS}\n" + SPEC, ("gpus.rtx", "defined twice")),
+    (SPEC + "links:\n  - {between: [0, 1], bandwidth: 1GB/s}\n  - {between: [1, 0], bandwidth: 2GB/s}\n",
+     ("links[1].between", "already linked by links[0]")),
+])
+def test_names_and_links_given_twice(capfd, tmp_path, spec, words):
+    assert_one_line(capfd, ["show", "resnet101", "--cluster", write(tmp_path / "c.yaml", spec)], *words)
+
+
+@pytest.mark.parametrize("argv", [
+    ["show", "resnet101", "--cluster", ""],
+    ["plan", "vgg19", "--tiny", "--cluster", TOY, "--out", ""],
+    ["simulate", "vgg19", "--tiny", "--cluster", TOY, "--baseline", "dp-nccl", "--trace", ""],
+    ["plan", "vgg19", "--tiny", "--cluster", TOY, "--policy", ""],
+])
+def test_empty_names_are_not_a_flag_left_out(capfd, argv):
+    assert_one_line(capfd, argv, "must not be empty")

@@ -157,6 +157,7 @@ def _parse_links(entries: Any, num_devices: int) -> list[Link]:
     if not isinstance(entries, list):
         raise SpecError("links: expected a list of {between: [a, b], bandwidth: ...}")
     links = []
+    seen: dict[tuple[int, int], int] = {}  # device pair -> the link entry that gave it
     for k, entry in enumerate(entries):
         where = f"links[{k}]"
         if not isinstance(entry, dict):
@@ -171,6 +172,10 @@ def _parse_links(entries: Any, num_devices: int) -> list[Link]:
             raise SpecError(f"{where}.between: device ids must be in 0..{num_devices - 1}, got {between}")
         if a == b:
             raise SpecError(f"{where}.between: joins device {a} to itself")
+        if (min(a, b), max(a, b)) in seen:
+            raise SpecError(f"{where}.between: devices {a} and {b} are already linked by "
+                            f"links[{seen[min(a, b), max(a, b)]}]")
+        seen[min(a, b), max(a, b)] = k
         if "bandwidth" not in entry:
             raise SpecError(f"{where}.bandwidth: missing")
         latency = _latency(entry["latency"], f"{where}.latency") if entry.get("latency") is not None else None
@@ -203,6 +208,8 @@ def _parse_gpus(entries: Any) -> dict[str, GPUType]:
         key = str(name).strip().lower()
         if key in GPU_TYPES:
             raise SpecError(f"{where}: {key!r} is already in the GPU catalogue; choose another name")
+        if key in custom:  # names are case-insensitive: "RTX" and "rtx" are one type
+            raise SpecError(f"{where}: {key!r} is defined twice (GPU type names ignore case)")
         if not isinstance(entry, dict):
             raise SpecError(f"{where}: expected a mapping {{memory, memory_bandwidth, fp32, ...}}")
         _check_fields(entry, _GPU_FIELDS, f"{where}.")

@@ -19,6 +19,7 @@ from tag.policy.gnn import HeteroPolicy, PolicyConfig
 __all__ = ["PolicyCheckpoint", "save_policy", "load_policy", "shipped_policy_path", "CHECKPOINT_FORMAT",
            "CHECKPOINT_VERSION"]
 
+MAX_CHECKPOINT_BYTES = 4 << 30  # torch.load holds the whole file: the largest policy is ~200 MB, a run's replay more
 CHECKPOINT_FORMAT = "tag.policy"
 CHECKPOINT_VERSION = 1
 _REQUIRED = ("format", "version", "feature_version", "config", "model", "optimizer", "step")
@@ -111,7 +112,7 @@ def load_torch_file(path: str | os.PathLike, *, what: str, error: type[TagError]
                     map_location: str | torch.device = "cpu") -> Any:
     """``torch.load(path, weights_only=True)``; ``error`` naming ``what`` and the reason when the file is
     missing, cannot be read, is damaged, or needs a global that weights-only loading refuses."""
-    check_input_file(path, what=what, error=error, missing=f"no {what} at {str(path)!r}", limit=1 << 40)
+    check_input_file(path, what=what, error=error, missing=f"no {what} at {str(path)!r}", limit=MAX_CHECKPOINT_BYTES)
     try:
         return torch.load(path, map_location=map_location, weights_only=True)
     except Exception as exc:  # torch raises pickle, zip, EOF and runtime errors for a damaged file

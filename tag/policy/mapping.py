@@ -69,7 +69,7 @@ from tag._compiled import jit as _jit
 from tag._read import check_input_file
 from tag.errors import OutputError
 from tag.exact.mapping import ALLREDUCE, P2P, MappingProblem
-from tag.policy.checkpoint import load_weights, read_checkpoint
+from tag.policy.checkpoint import MAX_CHECKPOINT_BYTES, load_weights, read_checkpoint
 from tag.policy.errors import PolicyError
 from tag.policy.gnn import MAX_HEADS, MAX_LAYERS, MAX_WIDTH
 
@@ -1184,7 +1184,7 @@ def resolve_mapping_policy(policy: MappingPolicy | str | os.PathLike | None) -> 
     if isinstance(policy, MappingPolicy):
         return policy
     path = Path(shipped_mapping_checkpoint() if policy is None else policy)
-    check_input_file(path, what="mapping policy checkpoint", error=PolicyError, limit=1 << 40,
+    check_input_file(path, what="mapping policy checkpoint", error=PolicyError, limit=MAX_CHECKPOINT_BYTES,
                      missing=f"no mapping policy checkpoint at {str(path)!r}"
                      + (" (train one with scripts/train_mapper.py --ship)" if policy is None else ""))
     return _cached_policy(str(path), path.stat().st_mtime)
