@@ -214,3 +214,30 @@ def test_cli_runs_the_plan_tag_plan_makes(tmp_path, capsys):
     payload = json.loads(capsys.readouterr().out)
     assert payload["ranks"] == 4 and payload["check"]["passed"] and payload["check"]["applies"]
     assert planned["files"]["plan"] == str(plan)
+
+
+def test_torchrun_starts_the_ranks_and_rank_0_reports(tmp_path):
+    """The multi-host path on one host: torchrun starts 2 processes of `python -m tag run`; each runs its
+    rank, rank 0 gathers the reports and alone prints the result."""
+    import os
+    import subprocess
+    import sys
+
+    from tag.execute.launch import free_port
+
+    spec = tmp_path / "two.yaml"
+    spec.write_text("name: two\nnetwork: {bandwidth: 10Gbps}\nmachines:\n  - {gpu: v100-16gb}\n  - {gpu: t4}\n")
+    plan = tmp_path / "pipe.json"
+    common = ["--tiny", "--batch-size", "8", "--cluster", str(spec)]
+    assert main(["pipeline", "candle-uno", *common, "--stages", "2", "--replicas", "1", "--micro-batches", "2",
+                 "--out", str(plan), "--json"]) == 0
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(free_port()), "-m", "tag", "run", str(plan), "--model", "candle-uno", *common,
+                           "--runtime", "tag", "--check", "--json"], capture_output=True, text=True, env=env,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1  # rank 0 only
+    payload = json.loads(lines[0])
+    assert payload["check"]["passed"] and payload["ranks"] == 2

@@ -63,6 +63,9 @@ def cmd_run(args: argparse.Namespace) -> dict:
         result = _run_pipeline(args, program, cluster)
     else:
         result = _run_placement(args, program, cluster)
+    if result is None:  # a torchrun rank other than 0: rank 0 reports for all
+        args.json = False
+        return {}
     payload = {"plan": args.plan, "model": program.name, "cluster": cluster.name, "ranks": cluster.num_devices,
                "batch_size": program.batch_size, "steps": args.steps, **result.summary()}
     if not args.json:

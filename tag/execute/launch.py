@@ -1,8 +1,9 @@
 """Start the ranks of a plan on this host (gloo or NCCL over TCP) and collect what they report.
 
-Two ways to start them: :func:`run_ranks` spawns one fresh process per rank and ends them afterwards;
+Three ways to start them: :func:`run_ranks` spawns one fresh process per rank and ends them afterwards;
 a :class:`WorkerPool` keeps processes alive between runs (each run joins a new process group on a new
-port), which is what the tests share to keep start-up cheap. Either way a rank that raises, dies or
+port), which is what the tests share to keep start-up cheap; under ``torchrun`` (one or many hosts) each
+process runs its own rank and rank 0 gathers the reports (:func:`run_torchrun`). Either way a rank that raises, dies or
 times out stops the run: the others are ended and :class:`~tag.execute.lower.ExecutionError` names the
 rank and what it was doing. Results come back through files (``torch.save``, loaded with
 ``weights_only=True``), not through queues, which race with a worker's exit.
@@ -25,7 +26,8 @@ import torch.multiprocessing as mp
 
 from tag.execute.lower import ExecutionError, RankProgram
 
-__all__ = ["run_ranks", "WorkerPool", "free_port", "check_port", "DEFAULT_TIMEOUT_S"]
+__all__ = ["run_ranks", "WorkerPool", "free_port", "check_port", "DEFAULT_TIMEOUT_S", "launch", "torchrun_rank",
+           "run_torchrun"]
 
 DEFAULT_TIMEOUT_S = 120.0  # a collective or receive that waits longer fails the run
 _POLL_S = 0.05
@@ -172,6 +174,65 @@ def _raise_failure(out: Path, world: int, exitcodes: dict[int, Any]) -> None:
     if code not in (0, None):
         raise ExecutionError(f"rank {rank} died (exit status {code}) before it finished")
     raise ExecutionError(f"rank {rank} did not finish in time")
+
+
+# ---------------------------------------------------------------------------------------------- torchrun
+_TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """(rank, world size) when ``torchrun`` (or any launcher of the env:// convention) started this process."""
+    if not all(name in os.environ for name in _TORCHRUN_VARIABLES):
+        return None
+    try:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    except ValueError:
+        raise ExecutionError("RANK and WORLD_SIZE must be integers (torchrun sets them)") from None
+
+
+def run_torchrun(programs: list, tensors: dict, *, steps: int = 1, backend: str = "gloo",
+                 timeout_s: float = DEFAULT_TIMEOUT_S) -> list[dict] | None:
+    """Run this process's rank of a launch that torchrun started on one or many hosts: every process lowers
+    the same plan, rank 0's initial tensors are broadcast (a user's model need not seed itself), and rank 0
+    gathers every rank's report; the others return None."""
+    import torch.distributed as dist
+
+    from tag.execute.runtime import timed_steps
+
+    rank, world = torchrun_rank()
+    if world != len(programs):
+        raise ExecutionError(f"torchrun started {world} processes; the plan has {len(programs)} ranks "
+                             f"(give --nproc-per-node × --nnodes = {len(programs)})")
+    torch.set_num_threads(1)
+    dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    runtime = None
+    try:
+        shared = [tensors if rank == 0 else None]
+        dist.broadcast_object_list(shared, src=0)
+        runtime = programs[rank].make_runtime(shared[0])
+        results, times = timed_steps(runtime, steps)
+        reports = [None] * world if rank == 0 else None
+        dist.gather_object({"rank": rank, "results": results, "times": times}, reports, dst=0)
+        return reports
+    except Exception as error:  # noqa: BLE001 - one line naming the rank and what it was doing
+        where = runtime.describe() if runtime is not None else "start-up"
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ExecutionError(f"rank {rank} failed at {where}: {type(error).__name__}: {first}"[:2000]) from None
+    finally:
+        dist.destroy_process_group()
+
+
+def launch(programs: list, tensors: dict, *, steps: int = 1, backend: str = "gloo", port: int | None = None,
+           timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None,
+           faults: dict | None = None) -> list[dict] | None:
+    """Every rank's report: from ``pool``, from this process's torchrun launch (None off rank 0), or from
+    processes spawned here."""
+    if pool is not None:
+        return pool.run(programs, tensors, steps=steps, backend=backend, timeout_s=timeout_s, faults=faults)
+    if torchrun_rank() is not None:
+        return run_torchrun(programs, tensors, steps=steps, backend=backend, timeout_s=timeout_s)
+    return run_ranks(programs, tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s, faults=faults)
 
 
 # ---------------------------------------------------------------------------------------------- pool

@@ -39,7 +39,7 @@ from tag.compiler.check import check_compiled
 from tag.compiler.compile import CompiledPlan, compile_strategy
 from tag.exact.schedules import BACKWARD, FORWARD, Action, stage_orders, unit_time_schedule
 from tag.exact.stage_graph import ForwardGraph, StageGraph, build_stage_graph
-from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, run_ranks
+from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, launch
 from tag.execute.lower import (Alias, Carry, Compute, ExecutionError, Item, Local, RankProgram, Recv, Reduce, Send,
                                lower_plan)
 from tag.execute.program import Program
@@ -474,10 +474,10 @@ def run_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *, 
             raise ExecutionError(f"torch.distributed.pipelining cannot run this plan: {reason}; use --runtime tag")
     lowered = lower_pipeline(program, plan, cluster, allow_batch_coupled=allow_batch_coupled)
     programs, virtual, slots = lowered.programs, lowered.virtual, lowered.placed.slots
-    if pool is not None:
-        reports = pool.run(programs, program.tensors, steps=steps, backend=backend, timeout_s=timeout_s)
-    else:
-        reports = run_ranks(programs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s)
+    reports = launch(programs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s,
+                     pool=pool)
+    if reports is None:
+        return None  # a torchrun rank other than 0: rank 0 reports
     views = [_SlotView(v, p.outputs) for v, p in enumerate(virtual)]
     values = []
     for k in range(steps):  # each virtual device's outputs, as if it had been a rank

@@ -19,7 +19,7 @@ import torch
 from tag.cluster import Cluster
 from tag.compiler.check import check_compiled
 from tag.compiler.compile import CompiledPlan, compile_strategy
-from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, run_ranks
+from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, launch
 from tag.execute.lower import ExecutionError, RankProgram, combine_rule, lower_plan
 from tag.execute.program import Program
 from tag.grouping import GroupGraph
@@ -71,8 +71,9 @@ def coupled_in_plan(program: Program, compiled: CompiledPlan) -> dict[str, str]:
 def run_strategy(program: Program, group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *,
                  steps: int = 2, check: bool = False, allow_batch_coupled: bool = False, backend: str = "gloo",
                  timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None, port: int | None = None,
-                 faults: dict | None = None) -> RunResult:
-    """Run ``strategy`` for ``steps`` optimizer steps, one process per device of ``cluster``."""
+                 faults: dict | None = None) -> RunResult | None:
+    """Run ``strategy`` for ``steps`` optimizer steps, one process per device of ``cluster`` (or this
+    process's rank of a torchrun launch: None off rank 0)."""
     if group_graph.op_graph.num_ops != program.graph.num_ops:
         raise ExecutionError("the grouping is for another graph than the program's")
     compiled = compile_strategy(group_graph, strategy, cluster, granularity="op")
@@ -83,12 +84,10 @@ def run_strategy(program: Program, group_graph: GroupGraph, strategy: Strategy, 
         raise ExecutionError(f"op {name!r} ({why}) computes something else once the plan splits the batch; "
                              f"{len(coupled)} such op(s) in all: pass --allow-batch-coupled to run anyway")
     programs = lower_plan(program, compiled)
-    tensors = program.tensors
-    if pool is not None:
-        reports = pool.run(programs, tensors, steps=steps, backend=backend, timeout_s=timeout_s, faults=faults)
-    else:
-        reports = run_ranks(programs, tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s,
-                            faults=faults)
+    reports = launch(programs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s,
+                     pool=pool, faults=faults)
+    if reports is None:
+        return None  # a torchrun rank other than 0: rank 0 reports
     values = [combine_values(program, compiled, programs, reports, k) for k in range(steps)]
     result = RunResult(losses=[float(v["loss:loss"]) for v in values],
                        step_times_s=[[r["times"][k] for r in reports] for k in range(steps)],

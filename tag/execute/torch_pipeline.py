@@ -33,7 +33,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, run_ranks
+from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, launch
 from tag.execute.lower import ExecutionError, _dtype_size, _references
 from tag.execute.pipeline import GRAPHPIPE, PipelineView
 from tag.execute.program import Program
@@ -291,10 +291,9 @@ def run_torch_pipeline(program: Program, view: PipelineView, *, steps: int = 2, 
                        port: int | None = None) -> RunResult:
     """Run the pipeline of ``view`` on torch's pipelining, one process per stage replica (module docstring)."""
     jobs = stage_jobs(program, view)
-    if pool is not None:
-        reports = pool.run(jobs, program.tensors, steps=steps, backend=backend, timeout_s=timeout_s)
-    else:
-        reports = run_ranks(jobs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s)
+    reports = launch(jobs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s, pool=pool)
+    if reports is None:
+        return None  # a torchrun rank other than 0: rank 0 reports
     values = [combine_stage_reports(reports, k) for k in range(steps)]
     result = RunResult(losses=[float(v["loss:loss"]) for v in values],
                        step_times_s=[[r["times"][k] for r in reports] for k in range(steps)],
