@@ -3,7 +3,7 @@ several packages share (a min-heap of integer ids: list scheduling, Kahn's topol
 lists by counting sort).
 
 ``cache=True`` keeps each function's machine code beside its module, so only a machine's first run pays the
-seconds of compilation. ``TAG_NO_NUMBA`` in the environment turns numba off (the tests run the plain-Python
+seconds of compilation (where no cache folder is writable, every run compiles). ``TAG_NO_NUMBA`` in the environment turns numba off (the tests run the plain-Python
 paths that way); ``COMPILED`` says which.
 """
 
@@ -22,7 +22,10 @@ try:  # numba is a dependency; the fallback keeps the package importable where i
     import numba
 
     def jit(function: Any) -> Any:
-        return numba.njit(cache=True, nogil=True)(function)
+        try:
+            return numba.njit(cache=True, nogil=True)(function)
+        except RuntimeError:  # "no locator available": neither the package folder nor numba's user cache is
+            return numba.njit(nogil=True)(function)  # writable; compile on each run rather than fail at import
 
     COMPILED = True
 except ImportError:  # pragma: no cover - exercised only without numba

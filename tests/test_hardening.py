@@ -425,3 +425,65 @@ def test_names_and_links_given_twice(capfd, tmp_path, spec, words):
 ])
 def test_empty_names_are_not_a_flag_left_out(capfd, argv):
     assert_one_line(capfd, argv, "must not be empty")
+
+
+# -------------------------------------------------------------------- 12-14. environment and process hygiene
+def _double(values):
+    return values * 2
+
+
+def test_numba_without_a_writable_cache_compiles_each_run(monkeypatch):
+    from tag import _compiled
+
+    if not _compiled.COMPILED:
+        pytest.skip("numba is off (TAG_NO_NUMBA)")
+    monkeypatch.setattr("numba.core.caching.CacheImpl._locator_classes", [])  # as if no folder were writable
+    assert _compiled.jit(_double)(3) == 6
+
+
+def test_pipedream_field_tag_does_not_read(capfd, tmp_path):
+    line = ("node1 -- Input0 -- forward_compute_time=0.1, backward_compute_time=0.1, activation_size=4.0, "
+            "parameter_size=0.0 -- stage_id=0\n")
+    assert_one_line(capfd, ["show", write(tmp_path / "p.graph.txt", line)], "p.graph.txt:1", "unknown field 'stage_id'")
+
+
+def test_train_clears_writes_a_kill_cut_short(capfd, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    for stale in (".checkpoint.pt.k1x2.tmp", ".policy.pt.9f3a.tmp", ".history.json.x7.tmp"):
+        (run / stale).write_bytes(b"half")
+    config = write(tmp_path / "c.toml", "tiny = true\n")
+    assert_one_line(capfd, ["train", "--config", config, "--out", run, "--resume"], "no training checkpoint")
+    assert list(run.iterdir()) == []
+
+
+WORKER = """
+import os, sys, time
+from tag.training.selfplay import SelfPlayPool
+pool = SelfPlayPool(1)
+print(pool._pool.submit(os.getpid).result(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_selfplay_workers_die_with_a_killed_trainer():
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    trainer = subprocess.Popen([sys.executable, "-c", WORKER], stdout=subprocess.PIPE, text=True)
+    try:
+        worker = int(trainer.stdout.readline())
+    finally:
+        trainer.send_signal(signal.SIGKILL)
+        trainer.wait()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            os.kill(worker, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    os.kill(worker, signal.SIGKILL)
+    pytest.fail(f"self-play worker {worker} outlived its killed trainer")

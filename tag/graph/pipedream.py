@@ -213,6 +213,10 @@ def _parse_node_line(raw: str, number: int, path: Path) -> PipeDreamLayer:
         if not sep:
             raise ProfileError(f"{path}:{number}: cannot parse node line {_clip(raw)!r}: {item.strip()!r} is not key=value")
         stats[key.strip()] = value.strip()
+    unknown = [k for k in stats if k not in _STAT_KEYS]  # PipeDream's partitioned files add "-- stage_id=N"
+    if unknown:
+        raise ProfileError(f"{path}:{number}: node {node}: unknown field {unknown[0]!r} "
+                           f"(tag reads {', '.join(_STAT_KEYS)})")
     missing = [k for k in _STAT_KEYS if k not in stats]
     if missing:
         raise ProfileError(f"{path}:{number}: node {node}: missing {', '.join(missing)}")

@@ -108,6 +108,9 @@ def train(config: TrainConfig, out_dir: str | Path, *, resume: bool = False,
 
 def _start(config: TrainConfig, out: Path, resume: bool) -> TrainState:
     checkpoint = out / CHECKPOINT_NAME
+    for name in (CHECKPOINT_NAME, POLICY_NAME, HISTORY_NAME):  # writes a kill cut short (tag._atomic's names)
+        for stale in out.glob(f".{name}.*.tmp"):
+            stale.unlink(missing_ok=True)
     if resume:
         if not checkpoint.is_file():
             raise TrainingError(f"--resume: no training checkpoint at {str(checkpoint)!r}")

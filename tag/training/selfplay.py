@@ -8,7 +8,12 @@ after a resume. Workers get the round's weights with each task and keep the load
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import io
+import os
+import signal
+import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
 from functools import lru_cache
@@ -218,8 +223,20 @@ def _plain(data: Any) -> dict[Any, Any]:
 _WORKER: dict[str, Any] = {}  # per worker process: the model of the last weights it was sent
 
 
-def _init_worker() -> None:
+def _init_worker(parent: int) -> None:
     torch.set_num_threads(1)
+    _die_with(parent)
+
+
+def _die_with(parent: int) -> None:
+    """End this worker when the training process ``parent`` dies, even by SIGKILL (which runs no cleanup):
+    Linux's parent-death signal; then check that the parent did not die before it was set."""
+    if sys.platform.startswith("linux"):
+        with contextlib.suppress(OSError, AttributeError):
+            PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:
+        os._exit(1)
 
 
 def _worker_model(config: TrainConfig, version: int, weights: bytes | None) -> HeteroPolicy | None:
@@ -260,7 +277,8 @@ class SelfPlayPool:
 
     def __init__(self, workers: int) -> None:
         self.workers = workers
-        self._pool = (ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker)
+        self._pool = (ProcessPoolExecutor(workers, mp_context=get_context("spawn"), initializer=_init_worker,
+                                          initargs=(os.getpid(),))
                       if workers > 0 else None)
 
     def play(self, config: TrainConfig, model: HeteroPolicy | None, games: Sequence[int], version: int
