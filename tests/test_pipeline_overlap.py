@@ -27,7 +27,7 @@ def flat_cluster(num_devices, bandwidth=1e9):
                    latency=np.zeros((num_devices, num_devices)))
 
 
-def one_stage(replicas, pieces_ms, bucket_bytes, *, fwd_ms=1.0, micro_batches=1, buckets=True):
+def one_stage(replicas, pieces_ms, bucket_bytes, *, fwd_ms=1.0, micro_batches=1, buckets=True, optimizer_ms=0.0):
     """One stage whose backward pass runs in the given pieces, each closing a bucket of the given bytes."""
     k = len(pieces_ms)
     bwd = sum(pieces_ms) * MS
@@ -39,7 +39,8 @@ def one_stage(replicas, pieces_ms, bucket_bytes, *, fwd_ms=1.0, micro_batches=1,
         backward_time=np.array([[bwd]]), optimizer_time=np.zeros((1, 1)), activation_bytes=np.zeros(1),
         input_bytes=np.zeros(1), forward_assignment=np.zeros(k, np.int64),
         buckets=GradientBuckets(np.zeros(k, np.int64), np.array(pieces_ms)[:, None] * MS,
-                                np.array(bucket_bytes, dtype=float), np.zeros((k, 1))) if buckets else None)
+                                np.array(bucket_bytes, dtype=float), np.full((k, 1), optimizer_ms * MS))
+        if buckets else None)
 
 
 def test_buckets_close_at_every_parameter_node_in_backward_order():
@@ -65,6 +66,15 @@ def test_all_reduce_of_each_bucket_runs_under_the_rest_of_the_backward_pass(simu
     assert simulator(compile_pipeline(overlapped, cluster, [[0, 1]])).iteration_time == pytest.approx(8 * MS)
     serial = one_stage(2, [1.0, 1.0], [3e6, 3e6], buckets=False)
     assert simulator(compile_pipeline(serial, cluster, [[0, 1]])).iteration_time == pytest.approx(9 * MS)
+
+
+def test_updates_wait_for_the_whole_backward_pass():
+    # three 1 ms pieces whose 1 kB all-reduces take 1 us; 1 ms updates run only after the last piece
+    # (the backward pass ends at 4 ms, as without updates), then one after the other: 7 ms
+    taskgraph, result = simulate_pipeline(one_stage(2, [1.0, 1.0, 1.0], [1e3] * 3, optimizer_ms=1.0),
+                                          flat_cluster(2), [[0, 1]])
+    assert result.finish[taskgraph.names.index("s0r0B0")] == pytest.approx(4 * MS)
+    assert result.iteration_time == pytest.approx(7 * MS)
 
 
 def test_only_the_last_backward_pass_runs_in_pieces():

@@ -9,7 +9,8 @@ at every node that holds parameters, whose gradient is then final. Piece k of a 
 
 - the backward seconds of its nodes (per micro-batch share of one replica, on every GPU type);
 - the gradient bytes of the node that closes it (all-reduced over the stage's replicas after the piece);
-- the optimizer seconds of that node (its update, after the all-reduce).
+- the optimizer seconds of that node (its update, once the all-reduce and the backward pass are done:
+  an update never delays the backward pass, whose end the previous stage waits for).
 
 Nodes after the last parameter node (in backward order: the input side of the stage) form a last piece
 with no gradient. The pieces' times sum to the stage's backward time, their bytes to its parameters.

@@ -13,8 +13,9 @@ bytes of the overlap of their slices. Per replica and micro-batch m:
   transfer of its gradient after ``bBm`` that ``aBm`` waits for;
 - gradient synchronisation as DDP does it (when R_s > 1): the stage's last backward pass runs in the
   pieces of its gradient buckets (:mod:`tag.exact.buckets`, one per parameter node), and each bucket is
-  ring all-reduced over the replicas as soon as every replica has run its piece, then updated by its
-  optimizer step, so communication overlaps the rest of that backward pass (a pure data-parallel plan,
+  ring all-reduced over the replicas as soon as every replica has run its piece, and updated by its
+  optimizer step once that all-reduce and the backward pass are done, so communication overlaps the
+  rest of that backward pass (a pure data-parallel plan,
   1 stage × R replicas, scores what the DP-NCCL baseline scores). A stage graph without buckets (built
   by hand) all-reduces once after its last backward pass, then runs the optimizer step.
 
@@ -40,7 +41,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from tag.cluster.cluster import Cluster
-from tag.cost.comm import allreduce_time
+from tag.cost.comm import allreduce_time, hop_bandwidths
 from tag.cost.compute import CostModel
 from tag.exact.clustering import ALPHAS, cluster_operators
 from tag.exact.downsets import DEFAULT_DOWNSET_LIMIT, DownsetLimitError
@@ -275,19 +276,22 @@ def _add_gradient_sync(builder: TaskGraphBuilder, sg: StageGraph, cluster: Clust
 
 def _add_bucket_sync(builder: TaskGraphBuilder, sg: StageGraph, cluster: Cluster, s: int, row: list[int],
                      pieces: list[list[int]], type_of: list[int]) -> None:
-    """An all-reduce of each bucket once every replica has run its piece, then that bucket's update."""
+    """An all-reduce of each bucket once every replica has run its piece; the bucket's update once its
+    all-reduce and the whole backward pass are done (an update never delays the backward pieces, whose
+    end the previous stage waits for)."""
     buckets = sg.buckets
     for j, k in enumerate(buckets.of_stage(s).tolist()):
         ready = [pieces[r][j] for r in range(len(row))]
         nbytes = float(buckets.nbytes[k])
+        sync = None
         if nbytes > 0:
             sync = builder.collective(row, allreduce_time(cluster, row, nbytes), op="allreduce", nbytes=nbytes,
                                       deps=ready, name=f"s{s}.allreduce.{j}", label=f"{s}AR", group=s)
         for r, device in enumerate(row):
             seconds = float(buckets.optimizer_time[k, type_of[device]])
-            if nbytes > 0 or seconds > 0:
-                builder.compute(device, seconds, deps=(sync,) if nbytes > 0 else (ready[r],),
-                                name=f"s{s}r{r}.optimizer.{j}", label=f"{s}O", group=s)
+            if sync is not None or seconds > 0:
+                deps = (pieces[r][-1],) if sync is None else (sync, pieces[r][-1])
+                builder.compute(device, seconds, deps=deps, name=f"s{s}r{r}.optimizer.{j}", label=f"{s}O", group=s)
 
 
 def simulate_pipeline(stage_graph: StageGraph, cluster: Cluster, mapping: Sequence[Sequence[int]], *,
@@ -419,25 +423,59 @@ def _evaluate(ctx: _Context, forward_stage: np.ndarray, replicas, micro_batches:
 
 
 def _partition(ctx: _Context, method: str, stages: int, replicas: int, micro_batches: int,
-               alpha: float, downset_limit: int) -> PartitionResult:
+               alpha: float, downset_limit: int, bandwidth: float) -> PartitionResult:
     common = dict(stages=stages, replicas=replicas, micro_batches=micro_batches, capacity=ctx.capacity,
-                  bandwidth=ctx.bandwidth, reference_type=ctx.reference_type, schedule=ctx.schedule)
+                  bandwidth=bandwidth, reference_type=ctx.reference_type, schedule=ctx.schedule)
     if method == "pipedream":
         return partition_pipedream(ctx.fg, **common)
     return partition_parmesan(ctx.fg, **common, alpha=alpha, num_hyper_ops=ctx.num_hyper_ops,
                               downset_limit=downset_limit)
 
 
+def _placements(ctx: _Context, stages: int, replicas: int) -> list[tuple[str, list[list[int]], float]]:
+    """(name, rows [S][R], bandwidth of the stage links) of the two consecutive placements: stage-major
+    (stage s on the s-th run of R devices) and copy-major (pipeline copy i on the i-th run of S devices,
+    so neighbouring stages share a machine where S fits one, as PipeDream maps its copies)."""
+    devices = ctx.devices[:stages * replicas]
+    out = [("stage-major", [devices[s * replicas:(s + 1) * replicas] for s in range(stages)])]
+    if stages > 1 and replicas > 1:
+        out.append(("copy-major", [[devices[i * stages + s] for i in range(replicas)] for s in range(stages)]))
+    return [(name, rows, _link_bandwidth(ctx.cluster, rows)) for name, rows in out]
+
+
+def _link_bandwidth(cluster: Cluster, rows: list[list[int]]) -> float:
+    """Median bandwidth of the hops replica i of stage s → replica i of stage s + 1, NICs shared."""
+    hops = [(a[i], b[i]) for a, b in zip(rows, rows[1:]) for i in range(min(len(a), len(b)))]
+    return float(np.median(hop_bandwidths(cluster, hops))) if hops else float("inf")
+
+
 def _try(ctx: _Context, method: str, stages: int, replicas: int, micro_batches: int,
          alpha: float, downset_limit: int) -> _Candidate | None:
-    try:
-        part = _partition(ctx, method, stages, replicas, micro_batches, alpha, downset_limit)
-    except (PartitionError, DownsetLimitError) as error:
-        log.info("S=%d R=%d M=%d alpha=%s: %s", stages, replicas, micro_batches, alpha, error)
-        ctx.failures.append(f"S={stages} R={replicas} M={micro_batches}: {error}")
-        return None
-    info = {**part.info, "dp_cost_s": part.dp_cost, "partition_max_stage_time_s": part.max_stage_time}
-    return _evaluate(ctx, part.forward_stage, replicas, micro_batches, info)
+    """The partitioner's cut of (S, R, M) for each price of a boundary byte (the planning bandwidth, each
+    placement's stage-link bandwidth, and free: eq. (3) adds the transfers to the compute, where the
+    simulator overlaps them, so a compute-balanced cut can win), each simulated on both consecutive
+    placements; the fastest. None when no price gives a partition."""
+    placements = _placements(ctx, stages, replicas)
+    prices = list(dict.fromkeys([ctx.bandwidth, *(bw for _, _, bw in placements), float("inf")]))
+    best: _Candidate | None = None
+    seen: set[bytes] = set()
+    for bandwidth in prices:
+        try:
+            part = _partition(ctx, method, stages, replicas, micro_batches, alpha, downset_limit, bandwidth)
+        except (PartitionError, DownsetLimitError) as error:
+            log.info("S=%d R=%d M=%d alpha=%s: %s", stages, replicas, micro_batches, alpha, error)
+            ctx.failures.append(f"S={stages} R={replicas} M={micro_batches}: {error}")
+            continue
+        if part.forward_stage.tobytes() in seen:
+            continue
+        seen.add(part.forward_stage.tobytes())
+        info = {**part.info, "dp_cost_s": part.dp_cost, "partition_max_stage_time_s": part.max_stage_time,
+                "partition_bandwidth": bandwidth}
+        for name, rows, _ in placements:
+            candidate = _evaluate(ctx, part.forward_stage, replicas, micro_batches, {**info, "placement": name}, rows)
+            if best is None or candidate.key() < best.key():
+                best = candidate
+    return best
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -662,10 +700,16 @@ def plan_pipeline(graph: OpGraph, cluster: Cluster, *, stages: int | None = None
             # RaNNC gave stages unequal replica counts, which the mappers cannot place: keep its placement.
             info["mapper_skipped"] = str(error)
     if mapped is not None:
-        mapping = _check_mapping(best.stage_graph, cluster, mapped.mapping)
-        taskgraph, result = simulate_pipeline(best.stage_graph, cluster, mapping, schedule=schedule)
         lower_bound, proven, solve_time = mapped.lower_bound, bool(mapped.proven_optimal), float(mapped.solve_time_s)
-        objective, mode = getattr(mapped, "max_stage_time", None), getattr(mapped, "instantiation", None)
+        rows = _check_mapping(best.stage_graph, cluster, mapped.mapping)
+        mapped_graph, mapped_result = simulate_pipeline(best.stage_graph, cluster, rows, schedule=schedule)
+        if (not mapped_result.feasible, mapped_result.iteration_time) <= best.key():
+            mapping, taskgraph, result = rows, mapped_graph, mapped_result
+            objective, mode = getattr(mapped, "max_stage_time", None), getattr(mapped, "instantiation", None)
+        else:
+            # the mapper optimises eq. (5); the simulator says the search's placement is faster: keep it
+            info["mapper_iteration_time_s"] = mapped_result.iteration_time
+            info["placement_kept"] = info.get("placement", "search")
     if objective is None:
         objective, mode = mapping_objective(best.stage_graph, cluster, mapping)
     info["search"] = ctx.log
