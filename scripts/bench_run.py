@@ -8,8 +8,9 @@ op-level simulation of the same compiled plan for the cluster the plan names (tw
 10 Gb/s): the simulator is not calibrated to this host (that is `tag profile`'s job), so the ratio says how
 far a GPU cost model is from a CPU run, not how good the simulator is. Every run is also checked against the
 single-device step. Pipeline plans are Parmesan's two stages with 4 micro-batches under 1F1B and GPipe,
-predicted by the pipeline simulator; "order" says whether the ranks ran the schedule's order (a loss
-normalised over the whole batch, cross-entropy's, makes every backward pass wait for every forward pass).
+predicted by the pipeline simulator, each run on tag's micro-batch runtime and on torch.distributed.pipelining;
+"order" says whether the ranks ran the schedule's order (on tag's runtime a loss normalised over the whole
+batch, cross-entropy's, makes every backward pass wait for every forward pass).
 Prints a table, then one JSON line.
 """
 
@@ -52,7 +53,7 @@ def pipeline_plans(program, cluster) -> dict:
                                     micro_batches=4, replicas=sg.replicas.tolist(),
                                     reference_gpu=sg.gpu_types[sg.reference_type].name,
                                     forward_assignment=sg.forward_assignment, mapping=plan.mapping)
-        out[f"pipeline {schedule} 2x1 M4"] = (record, plan.iteration_time)
+        out[f"{schedule} 2x1 M4"] = (record, plan.iteration_time)
     return out
 
 
@@ -83,14 +84,16 @@ def main() -> None:
                 result = run_strategy(program, gg, strategy, cluster, steps=args.steps, check=True, pool=pool)
                 rows.append(row(model, name, result, predicted, start))
             for name, (record, predicted) in pipeline_plans(program, cluster).items():
-                start = time.perf_counter()
-                result = run_pipeline(program, record, cluster, steps=args.steps, check=True, pool=pool)
-                rows.append(row(model, name, result, predicted, start))
+                for runtime in ("tag", "torch"):
+                    start = time.perf_counter()
+                    result = run_pipeline(program, record, cluster, steps=args.steps, check=True, pool=pool,
+                                          runtime=runtime)
+                    rows.append(row(model, f"{name} {runtime}", result, predicted, start))
     if not args.json:
-        print(f"{'model':<16}{'plan':<22}{'measured':>12}{'simulated':>12}{'ratio':>9}{'comm':>7}  check  order")
+        print(f"{'model':<16}{'plan':<24}{'measured':>12}{'simulated':>12}{'ratio':>9}{'comm':>7}  check  order")
         for r in rows:
             order = {None: "-", True: "plan", False: "gpipe"}[r["schedule_followed"]]
-            print(f"{r['model']:<16}{r['plan']:<22}{r['measured_s'] * 1e3:>10.2f}ms{r['simulated_s'] * 1e3:>10.3f}ms"
+            print(f"{r['model']:<16}{r['plan']:<24}{r['measured_s'] * 1e3:>10.2f}ms{r['simulated_s'] * 1e3:>10.3f}ms"
                   f"{r['ratio']:>9.0f}{r['transfers'] + r['collectives']:>7d}  {'ok' if r['check_passed'] else 'FAIL':<5}"
                   f"  {order}")
     ratios = [r["ratio"] for r in rows]
