@@ -241,3 +241,11 @@ def test_torchrun_starts_the_ranks_and_rank_0_reports(tmp_path):
     assert len(lines) == 1  # rank 0 only
     payload = json.loads(lines[0])
     assert payload["check"]["passed"] and payload["ranks"] == 2
+
+
+def test_progress_is_reported_after_every_step(uno):
+    cluster = toy_cluster(2)
+    _, record = sequential(uno, cluster, stages=2, replicas=1, micro_batches=2)
+    seen = []
+    run_pipeline(uno, record, cluster, steps=3, progress=lambda done, total: seen.append((done, total)))
+    assert seen == [(1, 3), (2, 3), (3, 3)]

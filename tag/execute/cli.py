@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from tag.errors import OutputError
@@ -76,7 +77,7 @@ def cmd_run(args: argparse.Namespace) -> dict:
 
 
 def _run_placement(args: argparse.Namespace, program, cluster):
-    from tag.cli import _plan_group_graph, _status
+    from tag.cli import _plan_group_graph
     from tag.execute.lower import ExecutionError
     from tag.execute.run import run_strategy
     from tag.strategy import load_plan
@@ -87,23 +88,39 @@ def _run_placement(args: argparse.Namespace, program, cluster):
                              "plan with --no-sfb")
     group_graph = _plan_group_graph(plan, program.graph, cluster, argparse.Namespace(seed=args.seed,
                                                                                      strategy=args.plan))
-    with _status(sys.stderr.isatty(), f"running {cluster.num_devices} ranks for {args.steps} step(s)"):
+    with _step_progress(f"{cluster.num_devices} ranks", args.steps) as progress:
         return run_strategy(program, group_graph, plan.strategy, cluster, steps=args.steps, check=args.check,
                             allow_batch_coupled=args.allow_batch_coupled, backend=args.backend, port=args.port,
-                            timeout_s=args.timeout)
+                            timeout_s=args.timeout, progress=progress)
 
 
 def _run_pipeline(args: argparse.Namespace, program, cluster):
-    from tag.cli import _status
     from tag.execute.pipeline import run_pipeline
     from tag.strategy import load_pipeline_plan
 
     plan = load_pipeline_plan(args.plan, graph=program.graph, cluster=cluster)
     what = f"{plan.num_stages} stages × {list(plan.replicas)} replicas, {plan.micro_batches} micro-batches"
-    with _status(sys.stderr.isatty(), f"running a pipeline of {what} for {args.steps} step(s)"):
+    with _step_progress(f"pipeline of {what}", args.steps) as progress:
         return run_pipeline(program, plan, cluster, steps=args.steps, check=args.check,
                             allow_batch_coupled=args.allow_batch_coupled, backend=args.backend, port=args.port,
-                            timeout_s=args.timeout, runtime=args.runtime)
+                            timeout_s=args.timeout, runtime=args.runtime, progress=progress)
+
+
+@contextlib.contextmanager
+def _step_progress(what: str, steps: int):
+    """A bar of the optimizer steps rank 0 has finished, on stderr when it is a terminal; yields the
+    callback (None when there is no terminal)."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (TextColumn(f"running {escape(what)}: steps"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("steps", total=steps)
+        yield lambda done, total: bar.update(task, completed=done)
 
 
 def _worst(check: dict) -> str:

@@ -67,7 +67,7 @@ def _run_rank(rank: int, world: int, port: int, backend: str, program, tensors: 
         try:
             runtime = program.make_runtime(tensors)
             _inject(faults, rank, runtime)
-            results, times = timed_steps(runtime, steps)
+            results, times = timed_steps(runtime, steps, _progress_file(Path(out_dir)) if rank == 0 else None)
             torch.save({"rank": rank, "results": results, "times": times}, Path(out_dir) / f"rank{rank}.pt")
         finally:
             dist.destroy_process_group()
@@ -78,6 +78,31 @@ def _run_rank(rank: int, world: int, port: int, backend: str, program, tensors: 
         (Path(out_dir) / f"rank{rank}.error").write_text(message + "\n" + traceback.format_exc()[-4000:])
         if isinstance(error, KeyboardInterrupt):
             raise
+
+
+def _progress_file(out_dir: Path):
+    """Rank 0 notes each finished step in ``out_dir/progress`` (written whole, then renamed)."""
+    def note(done: int, total: int) -> None:
+        tmp = out_dir / "progress.tmp"
+        tmp.write_text(f"{done} {total}")
+        os.replace(tmp, out_dir / "progress")
+    return note
+
+
+class _Progress:
+    """Calls ``callback(done, total)`` when rank 0 has finished another step."""
+
+    def __init__(self, out_dir: Path, callback) -> None:
+        self.path, self.callback, self.seen = out_dir / "progress", callback, None
+
+    def poll(self) -> None:
+        if self.callback is None or not self.path.exists():
+            return
+        text = self.path.read_text()
+        if text != self.seen:
+            self.seen = text
+            done, total = map(int, text.split())
+            self.callback(done, total)
 
 
 def _inject(faults: dict | None, rank: int, runtime) -> None:
@@ -119,7 +144,8 @@ def _first_error(out_dir: Path) -> str | None:
 
 
 def run_ranks(programs: list[RankProgram], tensors: dict, *, steps: int = 1, backend: str = "gloo",
-              port: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, faults: dict | None = None) -> list[dict]:
+              port: int | None = None, timeout_s: float = DEFAULT_TIMEOUT_S, faults: dict | None = None,
+              progress=None) -> list[dict]:
     """Spawn one process per rank program, run ``steps`` steps, return each rank's report."""
     world = len(programs)
     port = free_port() if port is None else port
@@ -130,14 +156,15 @@ def run_ranks(programs: list[RankProgram], tensors: dict, *, steps: int = 1, bac
                      for r in range(world)]
         for p in processes:
             p.start()
-        _wait(processes, Path(out), world, timeout_s)
+        _wait(processes, Path(out), world, timeout_s, _Progress(Path(out), progress))
         return _collect(Path(out), world)
 
 
-def _wait(processes: list, out: Path, world: int, timeout_s: float) -> None:
+def _wait(processes: list, out: Path, world: int, timeout_s: float, progress: _Progress) -> None:
     deadline = time.monotonic() + timeout_s * 2 + 60
     try:
         while True:
+            progress.poll()
             if all(not p.is_alive() for p in processes):
                 break
             error = _first_error(out)
@@ -191,7 +218,7 @@ def torchrun_rank() -> tuple[int, int] | None:
 
 
 def run_torchrun(programs: list, tensors: dict, *, steps: int = 1, backend: str = "gloo",
-                 timeout_s: float = DEFAULT_TIMEOUT_S) -> list[dict] | None:
+                 timeout_s: float = DEFAULT_TIMEOUT_S, progress=None) -> list[dict] | None:
     """Run this process's rank of a launch that torchrun started on one or many hosts: every process lowers
     the same plan, rank 0's initial tensors are broadcast (a user's model need not seed itself), and rank 0
     gathers every rank's report; the others return None."""
@@ -211,7 +238,7 @@ def run_torchrun(programs: list, tensors: dict, *, steps: int = 1, backend: str 
         shared = [tensors if rank == 0 else None]
         dist.broadcast_object_list(shared, src=0)
         runtime = programs[rank].make_runtime(shared[0])
-        results, times = timed_steps(runtime, steps)
+        results, times = timed_steps(runtime, steps, progress if rank == 0 else None)
         reports = [None] * world if rank == 0 else None
         dist.gather_object({"rank": rank, "results": results, "times": times}, reports, dst=0)
         return reports
@@ -225,14 +252,15 @@ def run_torchrun(programs: list, tensors: dict, *, steps: int = 1, backend: str 
 
 def launch(programs: list, tensors: dict, *, steps: int = 1, backend: str = "gloo", port: int | None = None,
            timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None,
-           faults: dict | None = None) -> list[dict] | None:
+           faults: dict | None = None, progress=None) -> list[dict] | None:
     """Every rank's report: from ``pool``, from this process's torchrun launch (None off rank 0), or from
-    processes spawned here."""
+    processes spawned here. ``progress(done, total)`` is called as rank 0 finishes each step."""
     if pool is not None:
         return pool.run(programs, tensors, steps=steps, backend=backend, timeout_s=timeout_s, faults=faults)
     if torchrun_rank() is not None:
-        return run_torchrun(programs, tensors, steps=steps, backend=backend, timeout_s=timeout_s)
-    return run_ranks(programs, tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s, faults=faults)
+        return run_torchrun(programs, tensors, steps=steps, backend=backend, timeout_s=timeout_s, progress=progress)
+    return run_ranks(programs, tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s, faults=faults,
+                     progress=progress)
 
 
 # ---------------------------------------------------------------------------------------------- pool

@@ -453,7 +453,7 @@ RUNTIMES = ("auto", "torch", "tag")
 def run_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *, steps: int = 2,
                  check: bool = False, allow_batch_coupled: bool = False, backend: str = "gloo",
                  timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None,
-                 port: int | None = None, runtime: str = "tag") -> RunResult:
+                 port: int | None = None, runtime: str = "tag", progress=None) -> RunResult | None:
     """Run pipeline plan ``plan`` for ``steps`` optimizer steps. ``runtime``: ``"tag"`` (this module: one
     process per device of ``cluster``, any pipeline), ``"torch"`` (``torch.distributed.pipelining``, one
     process per stage replica: chains of equal replicas under GPipe / 1F1B, :mod:`tag.execute.torch_pipeline`)
@@ -469,13 +469,13 @@ def run_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *, 
             reason = f"the model has batch-coupled ops ({', '.join(sorted(set(program.coupled.values())))})"
         if reason is None:
             return run_torch_pipeline(program, view, steps=steps, check=check, backend=backend, timeout_s=timeout_s,
-                                      pool=pool, port=port)
+                                      pool=pool, port=port, progress=progress)
         if runtime == "torch":
             raise ExecutionError(f"torch.distributed.pipelining cannot run this plan: {reason}; use --runtime tag")
     lowered = lower_pipeline(program, plan, cluster, allow_batch_coupled=allow_batch_coupled)
     programs, virtual, slots = lowered.programs, lowered.virtual, lowered.placed.slots
     reports = launch(programs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s,
-                     pool=pool)
+                     pool=pool, progress=progress)
     if reports is None:
         return None  # a torchrun rank other than 0: rank 0 reports
     views = [_SlotView(v, p.outputs) for v, p in enumerate(virtual)]

@@ -71,7 +71,7 @@ def coupled_in_plan(program: Program, compiled: CompiledPlan) -> dict[str, str]:
 def run_strategy(program: Program, group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *,
                  steps: int = 2, check: bool = False, allow_batch_coupled: bool = False, backend: str = "gloo",
                  timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None, port: int | None = None,
-                 faults: dict | None = None) -> RunResult | None:
+                 faults: dict | None = None, progress=None) -> RunResult | None:
     """Run ``strategy`` for ``steps`` optimizer steps, one process per device of ``cluster`` (or this
     process's rank of a torchrun launch: None off rank 0)."""
     if group_graph.op_graph.num_ops != program.graph.num_ops:
@@ -85,7 +85,7 @@ def run_strategy(program: Program, group_graph: GroupGraph, strategy: Strategy, 
                              f"{len(coupled)} such op(s) in all: pass --allow-batch-coupled to run anyway")
     programs = lower_plan(program, compiled)
     reports = launch(programs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s,
-                     pool=pool, faults=faults)
+                     pool=pool, faults=faults, progress=progress)
     if reports is None:
         return None  # a torchrun rank other than 0: rank 0 reports
     values = [combine_values(program, compiled, programs, reports, k) for k in range(steps)]

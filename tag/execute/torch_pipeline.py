@@ -288,10 +288,11 @@ def _communication(program: Program, jobs: list[StageJob]) -> list[tuple]:
 
 def run_torch_pipeline(program: Program, view: PipelineView, *, steps: int = 2, check: bool = False,
                        backend: str = "gloo", timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None,
-                       port: int | None = None) -> RunResult:
+                       port: int | None = None, progress=None) -> RunResult | None:
     """Run the pipeline of ``view`` on torch's pipelining, one process per stage replica (module docstring)."""
     jobs = stage_jobs(program, view)
-    reports = launch(jobs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s, pool=pool)
+    reports = launch(jobs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s, pool=pool,
+                     progress=progress)
     if reports is None:
         return None  # a torchrun rank other than 0: rank 0 reports
     values = [combine_stage_reports(reports, k) for k in range(steps)]
