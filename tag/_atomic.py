@@ -55,17 +55,21 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 @contextlib.contextmanager
 def staged_outputs() -> Iterator[Callable[[str | os.PathLike], Path]]:
     """All of a command's output files or none: ``stage(path)`` names a temporary file beside ``path`` to
-    write in full; when the block ends without error each is renamed over its target, else all are removed."""
+    write in full; when the block ends without error each is renamed over its target, else all are removed
+    (with the folders the writers made for them)."""
     staged: list[tuple[Path, Path]] = []
+    new_folders: list[Path] = []  # missing when staged, so made by the writer; outermost first
 
     def stage(path: str | os.PathLike) -> Path:
         path = Path(path)
+        new_folders.extend(reversed([p for p in path.parents if not p.exists() and p not in new_folders]))
         # Not created here, so that the writer gives it the mode a new file gets; the suffix stays last,
         # since some writers choose the format by it.
         temporary = path.with_name(f".{path.stem[:64]}.{secrets.token_hex(6)}.staged{path.suffix}")
         staged.append((temporary, path))
         return temporary
 
+    committed = False
     try:
         yield stage
         for temporary, path in staged:
@@ -75,7 +79,12 @@ def staged_outputs() -> Iterator[Callable[[str | os.PathLike], Path]]:
                 os.replace(temporary, path)
             except OSError as error:
                 raise OutputError(f"cannot write {str(path)!r}: {error.strerror or error}") from None
+        committed = True
     finally:
         for temporary, _ in staged:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
+        if not committed:
+            for folder in reversed(new_folders):
+                with contextlib.suppress(OSError):
+                    folder.rmdir()  # only if empty: never what someone else put there meanwhile

@@ -334,7 +334,8 @@ def test_a_failed_view_leaves_no_other_output(capfd, tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr("tag.sim.trace.gantt", broken_gantt)
-    outputs = ["--out", tmp_path / "plan.json", "--trace", tmp_path / "t.json", "--gantt", tmp_path / "g.png"]
+    outputs = ["--out", tmp_path / "new" / "sub" / "plan.json", "--trace", tmp_path / "t.json",
+               "--gantt", tmp_path / "g.png"]  # and no folder made for the plan is left either
     assert_one_line(capfd, ["pipeline", "vgg19", "--tiny", "--cluster", TOY, "--stages", "2", "--replicas", "1",
                             "--micro-batches", "2", *outputs], "--gantt", "No space left", folder=tmp_path)
     assert_one_line(capfd, ["simulate", "vgg19", "--tiny", "--cluster", TOY, "--baseline", "dp-nccl", "--num-groups",

@@ -370,8 +370,9 @@ def _int_vector(values: Any, field: str) -> np.ndarray:
     if array.ndim != 1:
         raise ClusterError(f"{field} must be a vector, got shape {array.shape}")
     if len(array) and not np.issubdtype(array.dtype, np.integer):
-        if not np.all(np.equal(np.mod(array.astype(np.float64), 1), 0)):
-            raise ClusterError(f"{field} must hold integers")
+        as_float = array.astype(np.float64)
+        if not np.all(np.equal(np.mod(as_float, 1), 0)) or np.abs(as_float).max() >= 2.0**63:
+            raise ClusterError(f"{field} must hold 64-bit integers")
     return array.astype(np.int64)
 
 
