@@ -99,16 +99,25 @@ def _gunzip(raw: bytes, limit: int, where: str, error: type[TagError]) -> bytes:
 
 
 def _check_nesting(doc: Any, where: str, error: type[TagError]) -> None:
-    """``error`` when lists and mappings nest deeper than MAX_NESTING (walked without recursion)."""
-    stack = [(doc, 1)]
+    """``error`` when lists and mappings nest deeper than MAX_NESTING or contain themselves. Walked without
+    recursion, each container once: YAML aliases share them, so a walk of every path could take 2^levels."""
+    too_deep = f"{where}: lists and mappings nest more than {MAX_NESTING} deep"
+    height: dict[int, int] = {}  # id(container) -> levels of nesting at and below it, once known
+    entered: set[int] = set()
+    stack: list[tuple[Any, bool]] = [(doc, False)]
     while stack:
-        node, depth = stack.pop()
-        children = node.values() if isinstance(node, dict) else node
-        for child in children:
-            if isinstance(child, (list, dict)):
-                if depth + 1 > MAX_NESTING:
-                    raise error(f"{where}: lists and mappings nest more than {MAX_NESTING} deep")
-                stack.append((child, depth + 1))
+        node, children_done = stack.pop()
+        children = [c for c in (node.values() if isinstance(node, dict) else node) if isinstance(c, (list, dict))]
+        if children_done:
+            height[id(node)] = 1 + max((height[id(c)] for c in children), default=0)
+            if height[id(node)] > MAX_NESTING:
+                raise error(too_deep)
+        elif id(node) not in height:
+            if id(node) in entered:  # reached again before it was done: it holds itself
+                raise error(f"{where}: a list or mapping contains itself (a YAML alias to its own anchor)")
+            entered.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in children)
 
 
 def _unique_keys(where: str, error: type[TagError]):
@@ -143,7 +152,7 @@ def parse_yaml(text: str, *, where: str, error: type[TagError]) -> Any:
     """The document of a YAML text (safe loader); ``error`` for malformed, deeply nested or duplicate-key input."""
     loader = _BoundedLoader(text)
     try:
-        return loader.get_single_data()
+        doc = loader.get_single_data()
     except (_TooDeep, RecursionError):
         raise error(f"{where}: lists and mappings nest more than {MAX_NESTING} deep") from None
     except _DuplicateKey as exc:
@@ -155,6 +164,9 @@ def parse_yaml(text: str, *, where: str, error: type[TagError]) -> Any:
         raise error(f"{where}: malformed YAML: {problem}{at}") from None
     finally:
         loader.dispose()
+    if isinstance(doc, (list, dict)):
+        _check_nesting(doc, where, error)  # aliases nest without nesting the text
+    return doc
 
 
 class _TooDeep(Exception):

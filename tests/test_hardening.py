@@ -64,9 +64,20 @@ def graph_doc(**meta) -> dict:
     ("deep.yaml", "name: " + "[" * 100_000 + "]" * 100_000 + "\n"),
     ("deep900.yaml", "name: " + "[" * 900 + "]" * 900 + "\n"),
     ("block.yaml", "".join(" " * i + "a:\n" for i in range(300))),  # nesting by indentation
+    ("alias.yaml", "description: [&a0 [1], " + ", ".join(f"&a{i} [*a{i - 1}]" for i in range(1, 100)) + "]\n"),
 ])
 def test_deeply_nested_cluster_spec(capfd, tmp_path, name, text):
     assert_one_line(capfd, ["show", "resnet101", "--cluster", write(tmp_path / name, text)], name, "nest more than")
+
+
+def test_yaml_aliases_that_hold_themselves_or_blow_up(capfd, tmp_path):
+    spec = write(tmp_path / "self.yaml", "description: &a [*a]\n" + SPEC)
+    assert_one_line(capfd, ["show", "resnet101", "--cluster", spec], "self.yaml", "contains itself")
+    laughs = ["&x0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"] + [f"&x{i} [" + ", ".join([f"*x{i - 1}"] * 10) + "]"
+                                                         for i in range(1, 30)]
+    spec = write(tmp_path / "laughs.yaml", f"name: lol\ndescription: [{', '.join(laughs)}]\n" + SPEC)
+    code, out, err = run_cli(capfd, "show", "resnet101", "--cluster", spec)  # 10^30 leaves, 30 lists: quick
+    assert code == 0 and "lol" in out, err
 
 
 def test_deeply_nested_graph_and_plan(capfd, tmp_path):
