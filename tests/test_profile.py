@@ -181,11 +181,27 @@ def test_cost_model_uses_measured_times_where_covered_and_the_roofline_elsewhere
     assert model == ProfiledCostModel(profile=_profile(graph))
 
 
+def test_the_executors_overhead_is_charged_to_every_op_that_runs(tmp_path):
+    import dataclasses
+
+    graph = _graph()
+    profile = _profile(graph)
+    device = profile.device("cpu")
+    times = dataclasses.replace(device.models["toy"], executor_overhead_s=3e-5)
+    slow = Profile({"cpu": dataclasses.replace(device, models={"toy": times})})
+    save_profile(slow, tmp_path / "slow.json")
+    loaded = load_profile(tmp_path / "slow.json")
+    assert loaded == slow and loaded.device("cpu").models["toy"].executor_overhead_s == 3e-5
+    added = ProfiledCostModel(profile=loaded).op_times(graph, "cpu") - ProfiledCostModel(profile=profile).op_times(
+        graph, "cpu")
+    np.testing.assert_allclose(added, [0.0, 3e-5, 3e-5, 3e-5])  # the input runs no call
+
+
 def test_local_cluster_resolves_with_defaults_or_the_profiles_curve(tmp_path):
     from tag.cluster.presets import LOCAL_BANDWIDTH, LOCAL_LATENCY_S
 
     cluster = resolve_cluster("local:3")
-    assert cluster.num_devices == 3 and cluster.types[0].name == "cpu" and cluster.num_machines == 1
+    assert cluster.num_devices == 3 and cluster.types[0].name == "cpu" and cluster.num_device_groups == 3
     assert cluster.bandwidth[0, 1] == LOCAL_BANDWIDTH and cluster.latency[0, 2] == LOCAL_LATENCY_S
     path = tmp_path / "host.json"
     save_profile(_profile(_graph()), path)
@@ -212,15 +228,17 @@ def test_tag_profile_times_a_tiny_model_end_to_end(capsys, tmp_path):
     from tag.graph.resolve import resolve_model
 
     out = tmp_path / "host.json.gz"
-    payload = run_json(capsys, "profile", "candle-uno", "--tiny", "--batch-sizes", "2,4", "--warmup", "0",
-                       "--repeats", "1", "--no-comm", "--out", str(out))
+    payload = run_json(capsys, "profile", "candle-uno", "--tiny", "--batch-sizes", "2,4", "--warmup", "1",
+                       "--repeats", "3", "--no-comm", "--out", str(out))
     assert payload["device"] == "cpu" and payload["batch_sizes"] == [2, 4] and payload["cluster"] is None
+    assert payload["executor_overhead_s"] >= 0  # what tag run's interpreter adds per op (timing: no sign test)
     assert 0 < payload["timed_ops"] < payload["ops"] and all(s["measured_s"] > 0 for s in payload["steps"])
     assert payload["roofline"]["by_kind"][-1]["kind"] == "all"
     profile = load_profile(out)
     graph = resolve_model("candle-uno", tiny=True)
     times = profile.device("cpu").match(graph)
     assert times is not None and times.batch_sizes == (2, 4)
+    assert times.executor_overhead_s == pytest.approx(payload["executor_overhead_s"], rel=1e-3)
     cost = ProfiledCostModel(profile=profile)
     assert cost.covers(graph, "cpu")
     timed = np.isfinite(times.measured_s).all(axis=1)

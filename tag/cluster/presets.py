@@ -89,13 +89,19 @@ def local_cluster(processes: int = 2, *, gpu: str = "cpu", profile: Any = None, 
     joined by the backend's point-to-point curve: ``bandwidth``/``latency`` where given, else the fit of a
     profile's measured point-to-point curve (``profile``: a :class:`tag.profile.Profile`; the curve
     measured with device ``gpu``, else the profile's only one), else LOCAL_BANDWIDTH and LOCAL_LATENCY_S.
-    ``gpu``: the device type of a process (``cpu``: the ranks of `tag run` compute on the CPU)."""
+    ``gpu``: the device type of a process (``cpu``: the ranks of `tag run` compute on the CPU).
+
+    Each process is its own "machine" of one device, so each is its own device group, the unit a
+    placement plan places op groups on (one machine of N equal devices would be one device group, and a
+    plan could only replicate, duplicate or split every op group over all N); each process's socket is
+    its NIC, shared by the streams of one collective as the network model shares a NIC."""
     curve = _profile_p2p(profile, gpu) if profile is not None else None
     if bandwidth is None:
         bandwidth = curve.bandwidth if curve is not None else LOCAL_BANDWIDTH
     if latency is None:
         latency = curve.latency_s if curve is not None else LOCAL_LATENCY_S
-    return build_cluster(f"local:{processes}", [Machine(gpu, processes, bandwidth, latency)])
+    return build_cluster(f"local:{processes}", [Machine(gpu, 1)] * processes, network_bandwidth=bandwidth,
+                         network_latency=latency)
 
 
 def _profile_p2p(profile: Any, gpu: str):

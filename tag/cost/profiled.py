@@ -6,6 +6,10 @@ profile measured on the GPU type asked about, in the cost model's dtype; every o
 pair gets the roofline of :class:`~tag.cost.compute.CostModel` unchanged. It is an ordinary cost model
 object, passed to the planners like any other (no global state), and equal to another only when its
 profile is (so the compiler's caches keep them apart).
+
+A graph that sufficient-factor broadcasting rewrote (ops duplicated) is another structure, so its times
+come from the roofline: plan with ``--no-sfb`` where the measured times should decide (``tag run`` does
+not run SFB plans either).
 """
 
 from __future__ import annotations

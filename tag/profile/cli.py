@@ -77,6 +77,8 @@ def add_profile_parser(sub) -> None:
     p.add_argument("--warmup", type=_int_in(0, 1000, "0..1000"), default=2, help="untimed calls per op (default 2)")
     p.add_argument("--repeats", type=count, default=5, help="timed calls per op; the median is kept (default 5)")
     p.add_argument("--no-comm", action="store_true", help="skip the point-to-point and all-reduce measurement")
+    p.add_argument("--no-executor", action="store_true",
+                   help="on the CPU, skip measuring what `tag run`'s executor adds per op (the `local` cluster's use)")
     p.add_argument("--processes", type=_int_in(2, 64, "2..64"), default=2,
                    help="processes for the communication measurement (default 2)")
     p.add_argument("--merge", action="store_true", help="add to the profile already at --out instead of replacing it")
@@ -101,6 +103,15 @@ def cmd_profile(args: argparse.Namespace) -> dict:
     with _status(sys.stderr.isatty() and not args.json, "tracing the train step"):
         program = resolve_program(args.model, tiny=args.tiny, batch_size=args.batch_size)
     times = _measure_ops(args, program)
+    if args.device == "cpu" and not args.no_executor:  # what `tag run` on `local:N` adds to every op
+        import dataclasses
+
+        from tag.profile.executor import executor_overhead
+        from tag.profile.ops import single_thread
+
+        with _status(sys.stderr.isatty() and not args.json, "running the step through tag run's executor"), \
+                single_thread():
+            times = dataclasses.replace(times, executor_overhead_s=executor_overhead(program, times))
     comm = {}
     if not args.no_comm:
         from tag.profile.comm import measure_comm
@@ -164,10 +175,13 @@ def _describe(device: str) -> str:
 
 def _assemble(args: argparse.Namespace, program, times, comm: dict, device_name: str):
     """The profile of this run and the command's report."""
+    import dataclasses
+
     import numpy as np
     import torch
 
     from tag.cluster.gpus import gpu_type
+    from tag.graph.opgraph import ROLE_INPUT
     from tag.profile.data import DeviceProfile, Profile
     from tag.profile.report import agreement_by_kind, agreement_by_role, roofline_fit
 
@@ -179,12 +193,15 @@ def _assemble(args: argparse.Namespace, program, times, comm: dict, device_name:
                            {"warmup": args.warmup, "repeats": args.repeats, "statistic": "median",
                             "timer": "cuda events" if args.device == "cuda" else "perf_counter"},
                            {times.name: times}, comm, fit)
+    bare = dataclasses.replace(times, executor_overhead_s=0.0)
     steps = [{"batch": b, "measured_s": float(np.nansum(times.measured_s[:, k])),
-              "fit_s": float(times.predicted(b).sum())} for k, b in enumerate(times.batch_sizes)]
+              "fit_s": float(bare.predicted(b)[program.graph.role != ROLE_INPUT].sum())}
+             for k, b in enumerate(times.batch_sizes)]
     payload = {"out": str(args.out), "device": device_name, "description": device.description,
                "backend": args.device, "model": times.name, "ops": times.num_ops,
                "timed_ops": int(np.isfinite(times.measured_s).any(axis=1).sum()),
                "batch_size": times.batch_size, "batch_sizes": list(times.batch_sizes), "steps": steps,
+               "executor_overhead_s": times.executor_overhead_s,
                "roofline": {"by_kind": agreement_by_kind(graph, times, gpu),
                             "by_role": agreement_by_role(graph, times, gpu), "fit": fit},
                "comm": {kind: {"backend": c.backend, "processes": c.processes, "latency_s": c.latency_s,
@@ -205,6 +222,8 @@ def _print_profile(payload: dict) -> None:
                       for s in payload["steps"])
     console.print(f"{payload['model']} on {payload['device']} ({payload['description']}): {payload['timed_ops']} of "
                   f"{payload['ops']} ops timed; summed op time per step: {steps}")
+    if payload["executor_overhead_s"]:
+        console.print(f"tag run's executor adds {format_time(payload['executor_overhead_s'])} per op")
     table = Table(title="Roofline against measured, per op kind (at the traced batch)")
     for column in ("op kind", "ops", "measured", "roofline", "Spearman", "median roofline/measured"):
         table.add_column(column, justify="left" if column == "op kind" else "right")

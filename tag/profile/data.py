@@ -140,6 +140,7 @@ class ModelTimes:
     fixed_s: np.ndarray  # [N] seconds of the fit that do not scale with the batch
     per_sample_s: np.ndarray  # [N] seconds per sample (row) of the batch
     measured_s: np.ndarray  # [N, K] median seconds at each batch size, NaN where not timed
+    executor_overhead_s: float = 0.0  # seconds `tag run`'s interpreter adds to every op (tag.profile.executor)
 
     @property
     def num_ops(self) -> int:
@@ -148,10 +149,11 @@ class ModelTimes:
     def linear(self, batch_size: int, batch_scaled: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """([N] fixed, [N] scaled) seconds for a graph at ``batch_size``: an op on fraction f of that batch
         takes fixed + f · scaled (the cost model's linear form); ops that do not scale (``batch_scaled``
-        [N], default the profile's own flags) take fixed + batch_size · per_sample whatever f."""
+        [N], default the profile's own flags) take fixed + batch_size · per_sample whatever f. The
+        executor's overhead is in fixed, for every op (inputs too: the caller zeroes what runs no call)."""
         flags = self.batch_scaled if batch_scaled is None else np.asarray(batch_scaled, dtype=bool)
         scaled = self.per_sample_s * float(batch_size)
-        fixed = np.where(flags, self.fixed_s, self.fixed_s + scaled)
+        fixed = np.where(flags, self.fixed_s, self.fixed_s + scaled) + self.executor_overhead_s
         return fixed, np.where(flags, scaled, 0.0)
 
     def predicted(self, batch_size: int) -> np.ndarray:
@@ -255,7 +257,8 @@ def _model_to_json(m: ModelTimes) -> dict:
     return {"structure": m.structure, "batch_size": m.batch_size, "batch_sizes": list(m.batch_sizes),
             "kinds": list(m.kinds), "batch_scaled": [bool(b) for b in m.batch_scaled],
             "fixed_s": _floats(m.fixed_s), "per_sample_s": _floats(m.per_sample_s),
-            "measured_s": [_floats(row) for row in m.measured_s]}
+            "measured_s": [_floats(row) for row in m.measured_s],
+            "executor_overhead_s": _floats([m.executor_overhead_s])[0]}
 
 
 def _comm_to_json(c: CommCurve) -> dict:
@@ -341,11 +344,13 @@ def _model_from_json(name: str, doc: Any, where: str) -> ModelTimes:
         raise ProfileError(f"{where}.measured_s has {len(measured)} rows, expected {n} (one per op)")
     table = np.stack([_number_list(row, f"{where}.measured_s[{i}]", length=len(sizes), nullable=True)
                       for i, row in enumerate(measured)]) if n else np.zeros((0, len(sizes)))
+    overhead = _number_list([_field(doc, "executor_overhead_s", (int, float), where, default=0.0)],
+                            f"{where}.executor_overhead_s")[0]
     return ModelTimes(name, structure, batch_size, tuple(sizes), tuple(kinds),
                       np.array(scaled, dtype=bool),
                       _number_list(_field(doc, "fixed_s", list, where), f"{where}.fixed_s", length=n),
                       _number_list(_field(doc, "per_sample_s", list, where), f"{where}.per_sample_s", length=n),
-                      table)
+                      table, float(overhead))
 
 
 def _comm_from_json(doc: Any, where: str) -> CommCurve:

@@ -24,7 +24,7 @@ def measured_at_reference(graph: OpGraph, times: ModelTimes) -> np.ndarray:
     if graph.batch_size in times.batch_sizes:
         column = times.measured_s[:, times.batch_sizes.index(graph.batch_size)]
     else:
-        column = times.predicted(graph.batch_size)
+        column = times.predicted(graph.batch_size) - times.executor_overhead_s  # the bare call's time
     return np.where(timed & (graph.role != ROLE_INPUT), column, np.nan)
 
 
