@@ -190,6 +190,12 @@ def profile_program(program: Program, batch_sizes: Sequence[int] | None = None, 
     if too_big:
         raise ModelError(f"{program.name}: cannot measure a batch of {too_big[0]}: the step was traced at batch "
                          f"{program.batch_size} (give --batch-size at least {max(sizes)})")
+    for b in sizes:  # traced first, so that a size the step cannot take fails before any timing
+        try:
+            program.at(b)
+        except ModelError as error:
+            raise ModelError(f"{error}; measure batch sizes the step keeps its ops at (often at least 2 rows: "
+                             "a trace at one row may drop a dimension)") from None
     measured = np.stack([time_step(program, b, device=device, warmup=warmup, repeats=repeats, progress=progress)
                          for b in sizes], axis=1)  # [N, K]
     fixed, per_sample = fit_linear(np.array(sizes, dtype=np.float64), measured)
