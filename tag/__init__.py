@@ -1,7 +1,9 @@
 """tag: plan distributed DNN training on heterogeneous GPU clusters.
 
-The public surface. Sub-packages (``tag.graph``, ``tag.cluster``, ``tag.cost``, ``tag.sim``,
-``tag.strategy``, ``tag.models``) hold the rest. Names that need torch (the model zoo and the tracer)
+The public surface. :func:`plan_fastest` (``tag.planners``) asks every plan family (TAG placement, data
+parallelism, sequential and graph pipelines) and returns the fastest plan with its distance to the compute
+bound. Sub-packages (``tag.graph``, ``tag.cluster``, ``tag.cost``, ``tag.sim``, ``tag.strategy``,
+``tag.models``) hold the rest. Names that need torch (the model zoo and the tracer)
 are imported on first use, so that commands which do not trace start quickly.
 """
 
@@ -38,6 +40,11 @@ _LAZY = {
     "trace": "tag.graph.tracer",
     "trace_zoo": "tag.graph.tracer",
     "load_user_function": "tag.graph.tracer",
+    # the planners layer (tag.planners): every plan family behind one call
+    "plan_fastest": "tag.planners",
+    "FastestPlan": "tag.planners",
+    "compute_bound": "tag.planners",
+    "FAMILIES": "tag.planners",
 }
 
 __all__ = [

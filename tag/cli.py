@@ -343,10 +343,18 @@ def _simulate_pipeline_plan(args: argparse.Namespace, graph, cluster) -> dict:
     from tag.units import format_time
 
     record = load_pipeline_plan(args.strategy, graph=graph, cluster=cluster)
-    plan = replay_pipeline(graph, cluster, forward_assignment=record.forward_assignment, replicas=record.replicas,
-                           micro_batches=record.micro_batches, mapping=record.mapping, schedule=record.schedule,
-                           reference_gpu=record.reference_gpu, partitioner=record.partitioner, links=record.links,
-                           cost=_profile_cost(args))
+    if record.partitioner == "graphpipe":  # its stages run GraphPipe's static orders over the stage DAG
+        from tag.graphpipe import replay_graph_pipeline
+
+        plan = replay_graph_pipeline(graph, cluster, forward_assignment=record.forward_assignment,
+                                     replicas=record.replicas, micro_batches=record.micro_batches,
+                                     mapping=record.mapping, reference_gpu=record.reference_gpu, links=record.links,
+                                     cost=_profile_cost(args))
+    else:
+        plan = replay_pipeline(graph, cluster, forward_assignment=record.forward_assignment, replicas=record.replicas,
+                               micro_batches=record.micro_batches, mapping=record.mapping, schedule=record.schedule,
+                               reference_gpu=record.reference_gpu, partitioner=record.partitioner, links=record.links,
+                               cost=_profile_cost(args))
     label = f"pipeline plan {args.strategy}"
     payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "what": label,
                "kind": "pipeline", "stages": plan.num_stages, "replicas": list(record.replicas),
@@ -516,6 +524,10 @@ def cmd_plan(args: argparse.Namespace) -> dict:
     from tag.planner import PlanConfig, load_priors, plan_training
     from tag.strategy import make_plan, save_plan
 
+    if args.family != "placement":  # every family, or another one: the planners layer
+        from tag.planners import cli as planners_cli
+
+        return planners_cli.run(args)
     if args.out:
         _output_path(args.out, flag="--out", suffixes=(".json",), what="plan file")
     _check_view_paths(args)
@@ -535,6 +547,10 @@ def cmd_plan(args: argparse.Namespace) -> dict:
                                 batch_size=8 if batch_evaluator is not None else 1, progress=callback, cost=cost)
     payload = {**outcome.summary(), "priors": priors}
     payload["groups"] = outcome.group_rows()
+    from tag.planners import compute_bound
+
+    payload["compute_bound_s"] = compute_bound(graph, cluster, cost=cost)
+    payload["bound_ratio"] = outcome.result.iteration_time / payload["compute_bound_s"]
     if args.out:
         plan = make_plan(outcome.strategy, graph, cluster, assignment=outcome.group_graph.assignment,
                          summary={k: v for k, v in payload.items() if k != "groups"})
@@ -576,6 +592,7 @@ def _print_plan(payload: dict, cluster) -> None:
     state = "[green]fits[/]" if payload["feasible"] else f"[red]OOM on device {payload['oom_device']}[/]"
     summary.add_row("iteration time", f"{format_time(payload['iteration_time_s'])} ({state})")
     summary.add_row("samples/s", f"{payload['samples_per_s']:.1f}" if payload["samples_per_s"] else "-")
+    summary.add_row("compute bound", f"{format_time(payload['compute_bound_s'])} ({payload['bound_ratio']:.2f}x)")
     for baseline in payload["baselines"]:
         ratio = payload["speedup_over"][baseline["name"]]
         oom = " (baseline OOM)" if baseline["oom"] else ""
@@ -608,9 +625,9 @@ def cmd_pipeline(args: argparse.Namespace) -> dict:
     from tag.exact import make_mapper, mapped_stage_times, plan_pipeline
     from tag.graph.resolve import resolve_model
 
-    if args.partitioner == "graphpipe" and (args.out or args.stages or args.replicas or args.links != "data"):
-        raise OutputError("--partitioner graphpipe chooses its own stages, replicas and stage edges and writes no "
-                          "plan file: leave out --stages, --replicas, --links and --out")
+    if args.partitioner == "graphpipe" and (args.stages or args.replicas or args.links != "data"):
+        raise OutputError("--partitioner graphpipe chooses its own stages, replicas and stage edges: leave out "
+                          "--stages, --replicas and --links")
     if args.out:
         _output_path(args.out, flag="--out", suffixes=(".json",), what="plan file")
     _check_view_paths(args)
@@ -655,8 +672,11 @@ def _graph_pipeline(args: argparse.Namespace, graph, cluster) -> dict:
     payload = {"model": graph.meta.get("model", args.model), "cluster": cluster.name, "devices": cluster.num_devices,
                "batch_size": graph.batch_size, **plan.as_dict()}
     payload["samples_per_s"] = graph.batch_size / plan.iteration_time if plan.iteration_time > 0 else None
-    payload["files"] = _write_views(args, plan.result, plan.taskgraph,
-                                    f"{payload['model']} on {cluster.name}: graph pipeline {plan.num_stages} stages")
+    if args.out:
+        _save_pipeline_plan(args, plan, graph, cluster, payload)
+    payload["files"] = {**({"plan": args.out} if args.out else {}),
+                        **_write_views(args, plan.result, plan.taskgraph,
+                                       f"{payload['model']} on {cluster.name}: graph pipeline {plan.num_stages} stages")}
     if args.json:
         return payload
     from rich.table import Table
@@ -843,12 +863,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_trace)
 
-    p = sub.add_parser("plan", help="plan a model on a cluster: METIS groups, MCTS, SFB, simulation (TAG)")
+    p = sub.add_parser("plan", help="the fastest plan of every family: TAG placement, data parallelism, pipelines, "
+                                    "graph pipelines")
     _add_model(p)
     _add_cluster(p)
+    p.add_argument("--family", choices=_plan_families(), default="all",
+                   help="plan families to ask (default all; placement: TAG's search alone, with its own report)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--budget", type=_positive_int, metavar="N", help="search iterations (default 600)")
-    budget.add_argument("--time", type=_positive_seconds, metavar="S", help="search time limit in seconds")
+    budget.add_argument("--time", type=_positive_seconds, metavar="S",
+                        help="time budget in seconds (the placement search takes what the other families leave)")
     priors = p.add_mutually_exclusive_group()
     priors.add_argument("--policy", type=_named, metavar="CKPT",
                         help="GNN policy checkpoint for the priors (default: the shipped checkpoints/tag-policy.pt)")
@@ -946,6 +970,11 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_mapper_policy(p: argparse.ArgumentParser) -> None:
     p.add_argument("--mapper-policy", type=_named, metavar="CKPT",
                    help="mapping GNN checkpoint of the learned mapper (default: the shipped checkpoints/tag-mapper.pt)")
+
+
+def _plan_families() -> tuple[str, ...]:
+    """tag.planners.cli.FAMILY_CHOICES, written out so that building the parser imports no planner."""
+    return ("all", "placement", "data-parallel", "pipeline", "graph-pipeline", "graph")
 
 
 def _pipeline_choices(name: str) -> tuple[str, ...]:

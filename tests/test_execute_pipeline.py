@@ -208,7 +208,8 @@ def test_cli_runs_the_plan_tag_plan_makes(tmp_path, capsys):
     `tag run --check` executes it and matches one device."""
     plan = tmp_path / "plan.json"
     common = ["--tiny", "--batch-size", "8", "--cluster", "examples/toy4.yaml"]
-    assert main(["plan", "gpt2", *common, "--num-groups", "8", "--budget", "30", "--out", str(plan), "--json"]) == 0
+    assert main(["plan", "gpt2", *common, "--family", "placement", "--num-groups", "8", "--budget", "30",
+                 "--out", str(plan), "--json"]) == 0
     planned = json.loads(capsys.readouterr().out)
     assert main(["run", str(plan), "--model", "gpt2", *common, "--check", "--json"]) == 0
     payload = json.loads(capsys.readouterr().out)

@@ -54,7 +54,8 @@ def test_plan_is_never_slower_than_dp_nccl_and_figures_are_consistent(vgg_outcom
 def test_plan_json_contract_and_plan_file_round_trip(capsys, tmp_path):
     out, chart = tmp_path / "plan.json", tmp_path / "g.png"
     common = ("vgg19", "--tiny", "--cluster", "tag-testbed", "--num-groups", "6")
-    payload = run_json(capsys, "plan", *common, "--budget", "30", "--out", str(out), "--gantt", str(chart))
+    payload = run_json(capsys, "plan", *common, "--family", "placement", "--budget", "30", "--out", str(out),
+                       "--gantt", str(chart))
     for key in ("iteration_time_s", "feasible", "speedup_over", "search_time_s", "simulations"):
         assert key in payload
     assert set(payload["speedup_over"]) == {"dp-nccl", "dp-nccl-p", "horovod"}
@@ -71,7 +72,7 @@ def test_plan_is_feasible_when_dp_nccl_does_not_fit(capsys, tmp_path):
     common = ("vgg19", "--tiny", "--cluster", str(spec), "--num-groups", "6")
     baselines = run_json(capsys, "baselines", *common, "--only", "dp-nccl,dp-nccl-p,horovod")["baselines"]
     assert all(row["oom"] for row in baselines)
-    payload = run_json(capsys, "plan", *common, "--budget", "60")
+    payload = run_json(capsys, "plan", *common, "--family", "placement", "--budget", "60")
     assert payload["feasible"] is True and payload["oom_device"] is None
     assert payload["reference"] == "single-device compute"
     assert all(peak <= cap for peak, cap in zip(payload["peak_memory_bytes"], payload["memory_capacity_bytes"]))

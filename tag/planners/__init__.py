@@ -1,0 +1,14 @@
+"""The planners layer: every plan family behind one call, above search, policy, exact and graphpipe.
+
+:func:`plan_fastest` asks the placement search (TAG), the data-parallel baselines, the sequential
+pipeline planners (Parmesan, PipeDream-style, RaNNC) and the graph pipeline planner (GraphPipe), each
+candidate simulated on the one simulator, and returns the fastest feasible plan, each family's best and
+the plan's ratio to :func:`compute_bound`. ``tag plan`` runs it. No package below imports this one.
+"""
+
+from tag.planners.bounds import compute_bound
+from tag.planners.families import FAMILIES, PIPELINE_PARTITIONERS, Candidate
+from tag.planners.fastest import FastestPlan, PlannerError, plan_fastest
+
+__all__ = ["plan_fastest", "FastestPlan", "Candidate", "PlannerError", "compute_bound", "FAMILIES",
+           "PIPELINE_PARTITIONERS"]
