@@ -107,6 +107,21 @@ def test_profile_round_trips_through_its_file(tmp_path, name):
     assert doc["format"] == "tag.profile" and doc["schema_version"] == 1
 
 
+def test_profiles_merge_by_device_and_model():
+    import dataclasses
+
+    graph = _graph()
+    first = _profile(graph)
+    device = first.device("cpu")
+    renamed = dataclasses.replace(device.models["toy"], name="other")
+    second = Profile({"cpu": dataclasses.replace(device, models={"other": renamed}, comm={}),
+                      "h100": dataclasses.replace(device, name="h100")})
+    merged = first.merged(second)
+    assert sorted(merged.devices) == ["cpu", "h100"]
+    assert sorted(merged.device("cpu").models) == ["other", "toy"]
+    assert merged.device("cpu").comm["p2p"] == device.comm["p2p"]  # kept: the second measured none
+
+
 def _doc(graph) -> dict:
     from tag.profile.data import profile_to_json
 
@@ -248,6 +263,11 @@ def test_tag_profile_times_a_tiny_model_end_to_end(capsys, tmp_path):
                          "single-device", "--profile", str(out))
     expected = times.predicted(4)[graph.role != 0].sum()
     assert simulated["baselines"][0]["iteration_time_s"] == pytest.approx(expected, rel=1e-6)
+    # and the planner plans for this host with it
+    planned = run_json(capsys, "plan", "candle-uno", "--tiny", "--cluster", "local:2", "--profile", str(out),
+                       "--uniform", "--budget", "4", "--num-groups", "4", "--no-sfb")
+    assert planned["cluster"] == "local:2" and planned["devices"] == 2
+    assert planned["feasible"] and planned["iteration_time_s"] > 0
 
 
 def test_comm_is_measured_between_two_processes():

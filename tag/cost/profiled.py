@@ -14,6 +14,7 @@ not run SFB plans either).
 
 from __future__ import annotations
 
+import logging
 import weakref
 from dataclasses import dataclass, field
 
@@ -25,6 +26,8 @@ from tag.graph.opgraph import ROLE_INPUT, OpGraph
 from tag.profile.data import ModelTimes, Profile
 
 __all__ = ["ProfiledCostModel"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -46,6 +49,10 @@ class ProfiledCostModel(CostModel):
             device = self.profile.device(name)
             times = device.match(graph) if device is not None and device.dtype == self.dtype else None
             per_graph[name] = times if times is not None and times.num_ops == graph.num_ops else None
+            if device is not None and per_graph[name] is None:
+                log.warning("the profile measured %s but not this step of %s (%d ops) in %s: its ops cost the "
+                            "roofline's times there", name, graph.meta.get("model", "a model"), graph.num_ops,
+                            self.dtype)
         return per_graph[name]
 
     def covers(self, graph: OpGraph, gpu: GPUType | str) -> bool:
