@@ -1,15 +1,17 @@
 """The sequential partitioners rank cuts as the simulator does: each candidate cut (priced at the planning
 bandwidth, at each placement's stage-link bandwidth, and with transfers free) is simulated on both
-consecutive placements, so a balanced cut that eq. (3) mis-prices is still found."""
+consecutive placements, so a balanced cut that eq. (3) mis-prices is still found; the PipeDream-style
+partitioner also gives stages their own replica counts (its DP checked against brute force)."""
 
-from itertools import combinations
+from itertools import combinations, product
 
 import numpy as np
 import pytest
 
 from tag.cluster import Cluster
 from tag.exact.pipeline import plan_pipeline, simulate_pipeline
-from tag.exact.stage_graph import ForwardGraph, build_stage_graph
+from tag.exact.replicated import dp_with_replicas, replica_tables
+from tag.exact.stage_graph import ForwardGraph, build_stage_graph, inflight_micro_batches
 from tag.graph.pipedream import load_pipedream
 
 GB = 1e9
@@ -80,3 +82,63 @@ def test_the_partitioners_match_brute_force_on_small_chains(tmp_path, seed, part
     assert expected - 1e-12 <= plan.iteration_time <= 1.005 * expected
     if seed:
         assert plan.iteration_time == pytest.approx(expected, rel=1e-12)
+
+
+# ------------------------------------------------------------------------------------------- per-stage replicas
+
+
+def brute_force_replicated(tables, inflight, capacity, devices):
+    """The least largest stage time over every chain of prefixes and every replica vector."""
+    num_downsets = tables[0].stage_time.shape[0]
+    stages = len(inflight)
+    best = np.inf
+    for inner in combinations(range(1, num_downsets - 1), stages - 1):
+        cuts = (0, *inner, num_downsets - 1)
+        for counts in product(range(1, len(tables) + 1), repeat=stages):
+            if sum(counts) > devices:
+                continue
+            worst = 0.0
+            for s, r in enumerate(counts):
+                t = tables[r - 1]
+                i, j = cuts[s + 1], cuts[s]
+                if t.memory_fixed[i, j] + inflight[s] * t.memory_per_micro_batch[i, j] > capacity:
+                    worst = np.inf
+                worst = max(worst, t.stage_time[i, j])
+            best = min(best, worst)
+    return best
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_replicated_dp_matches_brute_force(seed):
+    rng = np.random.default_rng(seed)
+    k, devices, stages = 6, 5, int(rng.integers(1, 4))
+    arrays = {"fixed": rng.uniform(0, 1e-3, k), "scaled": rng.uniform(1e-3, 1e-2, k),
+              "static": rng.uniform(0, 4e8, k), "act_fixed": np.zeros(k), "act_scaled": rng.uniform(0, 1e9, k),
+              "edge_src": np.arange(k - 1), "edge_dst": np.arange(1, k), "edge_fixed": np.zeros(k - 1),
+              "edge_scaled": rng.uniform(0, 1e8, k - 1)}
+    members = np.arange(k + 1)[:, None] > np.arange(k)[None, :]
+    subset = np.arange(k + 1)[None, :] < np.arange(k + 1)[:, None]
+    tables = replica_tables(members, subset, arrays, max_replicas=devices - stages + 1, micro_batches=4,
+                            bandwidth=1e10, sync_bandwidth=1e9)
+    inflight = inflight_micro_batches(stages, 4)
+    capacity = float(rng.choice([np.inf, 2e9]))
+    cost, cuts, counts = dp_with_replicas(tables, inflight, capacity, devices)
+    expected = brute_force_replicated(tables, inflight, capacity, devices)
+    assert cost == pytest.approx(expected)
+    if np.isfinite(expected):
+        assert len(counts) == stages and sum(counts) <= devices and cuts[0] == 0 and cuts[-1] == k
+        worst = max(tables[r - 1].stage_time[cuts[s + 1], cuts[s]] for s, r in enumerate(counts))
+        assert worst == pytest.approx(cost)
+
+
+def test_uneven_replicas_go_to_the_heavy_stage(tmp_path):
+    # a chain whose first half costs 3x the second: on 4 single-GPU machines the per-stage DP gives
+    # the heavy stage 3 replicas and the light one 1, which simulates faster than any 2 x 2 cut
+    graph = chain_profile(tmp_path / "chain.txt", [30.0] * 4 + [10.0] * 4, [1] * 8,
+                          params_mb=0.001).with_batch_size(48)
+    cluster = Cluster(name="4x1", types=("v100-16gb",), device_type=[0] * 4, machine=[0, 1, 2, 3],
+                      bandwidth=np.full((4, 4), 10 * GB), latency=np.zeros((4, 4)))
+    plan = plan_pipeline(graph, cluster, stages=2, partitioner="pipedream", micro_batches=8)
+    assert plan.stage_graph.replicas.tolist() == [3, 1]
+    assert np.bincount(plan.stage_graph.forward_assignment).tolist() == [4, 4]
+    assert plan.iteration_time < 0.95 * brute_force(graph, cluster, 2, 2, 8)

@@ -52,6 +52,7 @@ from tag.exact.partition import (
     partition_parmesan,
     partition_pipedream,
 )
+from tag.exact.replicated import partition_replicated
 from tag.exact.rannc import RannCSolution, blocks_from_groups, form_stage, rannc_dp, solution_stages
 from tag.exact.schedules import BACKWARD, FORWARD, Action, stage_orders
 from tag.exact.stage_graph import (
@@ -551,6 +552,36 @@ def _search_uniform(ctx: _Context, method: str, stages: int | None, replicas: in
             candidate = _try(ctx, method, s, r, m, alpha, ctx.downset_limit)
             if candidate is not None and candidate.key() < best.key():
                 best = candidate
+    if method == "pipedream" and replicas is None:
+        # every S up to 8 on a small cluster (PipeDream's uneven plans often have odd S), else the scan's
+        stage_counts = [stages] if stages is not None else sorted(
+            {s for s, _ in pairs if 1 < s < num_devices} | (set(range(2, min(num_devices, 9))) if num_devices <= 16
+                                                             else set()))
+        candidate = _search_replicated(ctx, stage_counts, micro_batches)
+        if candidate is not None and candidate.key() < best.key():
+            best = candidate
+    return best
+
+
+def _search_replicated(ctx: _Context, stage_counts: list[int], micro_batches: int | None) -> _Candidate | None:
+    """PipeDream's per-stage replica counts (:mod:`tag.exact.replicated`) for each S, M and price of a
+    boundary byte (the planning bandwidth, free), on the stage-major consecutive placement."""
+    best: _Candidate | None = None
+    for s in stage_counts:
+        for m in _micro_batch_choices(s, 1, ctx.fg.batch_size, micro_batches):
+            for bandwidth in dict.fromkeys([ctx.bandwidth, float("inf")]):
+                try:
+                    part = partition_replicated(ctx.fg, stages=s, devices=len(ctx.devices), micro_batches=m,
+                                                bandwidth=bandwidth, sync_bandwidth=ctx.bandwidth,
+                                                capacity=ctx.capacity, reference_type=ctx.reference_type,
+                                                schedule=ctx.schedule, max_blocks=64 if len(ctx.devices) <= 16 else 32)
+                except PartitionError as error:
+                    ctx.failures.append(f"S={s} M={m} per-stage replicas: {error}")
+                    continue
+                info = {**part.info, "dp_cost_s": part.dp_cost, "partition_bandwidth": bandwidth}
+                candidate = _evaluate(ctx, part.forward_stage, part.info["replicas"], m, info)
+                if best is None or candidate.key() < best.key():
+                    best = candidate
     return best
 
 
