@@ -220,3 +220,49 @@ def test_tag_run_command_checks_a_plan_file(tmp_path, capsys):
         assert main(["run", *args]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith("tag: error:") and message in err[0], err
+
+
+# ---------------------------------------------------------------------------------------------- loss targets
+USER_MODELS = '''
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+def _parts():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3))
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+    y = torch.tensor([0, 1, 2, 1, 0, 2, 2, 1])
+    return model, x, y
+
+
+def with_targets():
+    model, x, y = _parts()
+    return model, (x,), lambda out, labels: F.cross_entropy(out, labels), (y,)
+
+
+def captured_targets():
+    model, x, y = _parts()
+    return model, (x,), lambda out: F.cross_entropy(out, y)
+'''
+
+
+def test_loss_targets_are_inputs_that_replicas_split(tmp_path, pool):
+    """Labels returned beside the loss are an input of the step (their own rows on each replica); the same
+    labels captured in the loss's closure are a batch-sized constant, named and refused."""
+    from tag.execute.program import user_program
+
+    source = tmp_path / "labelled.py"
+    source.write_text(USER_MODELS)
+    program = user_program(f"{source}:with_targets")
+    labels = [op for op, r in enumerate(program.graph.args) if r.get("name") == "input:1"]
+    assert labels and program.graph.batch_scaled[labels[0]] and not program.coupled
+    cluster = toy_cluster(2, ("v100-16gb", "p100"))
+    gg = group_ops(program.graph, num_groups=2, gpus=cluster)
+    run(program, gg, Strategy.data_parallel(gg.num_groups, cluster, batch_split="speed"), cluster, pool)
+    captured = user_program(f"{source}:captured_targets")
+    assert "batch-sized tensor constant" in " ".join(captured.coupled.values())
+    with pytest.raises(ExecutionError, match="allow-batch-coupled"):
+        grouped = group_ops(captured.graph, num_groups=2, gpus=cluster)
+        run_strategy(captured, grouped, Strategy.data_parallel(grouped.num_groups, cluster), cluster, pool=pool)

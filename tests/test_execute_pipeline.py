@@ -251,3 +251,23 @@ def test_progress_is_reported_after_every_step(uno):
     run_pipeline(uno, record, cluster, steps=3, progress=lambda done, total: seen.append((done, total)))
     assert seen[-1] == (3, 3)  # the launcher polls: a fast step can be seen together with the next
     assert [done for done, _ in seen] == sorted({done for done, _ in seen})
+
+
+@pytest.mark.parametrize("runtime", ["torch", "tag"])
+def test_loss_targets_reach_the_last_stage_micro_batch_by_micro_batch(tmp_path, pool, runtime):
+    """Labels are a step input read by the last stage: on torch's runtime that stage slices each
+    micro-batch's rows itself (they do not travel through the pipeline), on tag's they are rows like any."""
+    from test_execute import USER_MODELS
+
+    from tag.execute.program import user_program
+
+    source = tmp_path / "labelled.py"
+    source.write_text(USER_MODELS)
+    program = user_program(f"{source}:with_targets")
+    cluster = toy_cluster(4)
+    _, record = sequential(program, cluster, stages=2, replicas=2, micro_batches=2)
+    if runtime == "torch":
+        jobs = stage_jobs(program, pipeline_view(program, record, cluster))
+        assert [name for _, name in jobs[1].data] == ["input:1"] and len(jobs[1].inputs) == 1
+    result = run_pipeline(program, record, cluster, steps=2, check=True, pool=pool, runtime=runtime)
+    assert_equal_to_one_device(result)

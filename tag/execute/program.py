@@ -52,9 +52,16 @@ def batch_coupled_ops(graph: OpGraph) -> dict[int, str]:
         elif kind.startswith(BATCH_STATISTICS_KINDS) and _training_flag(record):
             coupled[i] = "batch statistics"
         elif record.get("target") == "get_attr" and record.get("shape", [])[:1] == [batch] and batch > 1 \
-                and graph.batch_scaled[i]:
-            coupled[i] = "a batch-sized tensor constant (make it an input of the model)"
+                and (graph.batch_scaled[i] or _meets_the_batch(graph, i)):
+            coupled[i] = "a batch-sized tensor constant (return it as a loss target or make it a model input)"
     return coupled
+
+
+def _meets_the_batch(graph: OpGraph, op: int) -> bool:
+    """Whether a reader of ``op`` also reads a tensor that scales with the batch (a label captured by the
+    loss's closure, read beside the logits)."""
+    return any(graph.batch_scaled[p] for c in graph.successors(op).tolist()
+               for p in graph.predecessors(c).tolist() if p != op)
 
 
 def _training_flag(record: dict) -> bool:
@@ -141,18 +148,20 @@ def _slice_inputs(inputs: tuple, batch: int, rows: int) -> tuple:
 
 
 def build_program(model: nn.Module, example_inputs: tuple, loss_fn: Callable, *, name: str,
-                  optimizer: str = "adam") -> Program:
-    """Trace ``model`` (on the CPU, with real parameters and inputs) into a :class:`Program`."""
+                  optimizer: str = "adam", targets: tuple = ()) -> Program:
+    """Trace ``model`` (on the CPU, with real parameters and inputs) into a :class:`Program`; ``targets``:
+    the loss's label tensors, inputs of the step after the model's (``loss_fn(output, *targets)``)."""
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
-    graph = trace(model, example_inputs, loss_fn, name=name, optimizer=optimizer, output_specs=True)
+    targets = tuple(targets) if isinstance(targets, (tuple, list)) else (targets,)
+    graph = trace(model, example_inputs, loss_fn, name=name, optimizer=optimizer, output_specs=True, targets=targets)
     batch = graph.batch_size
 
     def retrace(rows: int) -> OpGraph:
         return trace(model, _slice_inputs(example_inputs, batch, rows), loss_fn, name=name, optimizer=optimizer,
-                     output_specs=True)
+                     output_specs=True, targets=_slice_inputs(targets, batch, rows))
 
-    return Program(name, graph, _initial_tensors(model, example_inputs, graph), batch_coupled_ops(graph), retrace,
-                   {batch: graph.args})
+    return Program(name, graph, _initial_tensors(model, example_inputs + targets, graph), batch_coupled_ops(graph),
+                   retrace, {batch: graph.args})
 
 
 def _initial_tensors(model: nn.Module, example_inputs: tuple, graph: OpGraph) -> dict[str, torch.Tensor]:
@@ -189,11 +198,12 @@ def zoo_program(name: str, *, tiny: bool = False, batch_size: int | None = None,
 
 
 def user_program(spec: str) -> Program:
-    """The :class:`Program` of ``MODULE:FUNCTION`` (the function returns model, example inputs, loss)."""
-    from tag.graph.tracer import load_user_function
+    """The :class:`Program` of ``MODULE:FUNCTION`` (the function returns model, example inputs, loss and
+    optionally the loss targets)."""
+    from tag.graph.user_code import load_user_step
 
-    model, inputs, loss_fn = load_user_function(spec)
-    return build_program(model, inputs, loss_fn, name=spec.rsplit(":", 1)[-1])
+    model, inputs, loss_fn, targets = load_user_step(spec)
+    return build_program(model, inputs, loss_fn, name=spec.rsplit(":", 1)[-1], targets=targets)
 
 
 def resolve_program(text: str, *, tiny: bool = False, batch_size: int | None = None, seed: int = 0) -> Program:

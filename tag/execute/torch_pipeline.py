@@ -91,7 +91,8 @@ class StageJob:
     outputs: list  # [(op, out)] the values it returns (the last stage: the loss reference)
     params: dict  # op -> parameter key (its placeholder is "parameter:KEY")
     constants: dict  # op -> placeholder name (buffers, read as they are)
-    data: list  # stage 0: [(op, placeholder name)] data inputs, in ``inputs`` order
+    data: list  # [(op, placeholder name)] data inputs: stage 0 takes them all (``inputs``), a later stage
+    # slices the micro-batch's rows of those it reads itself (labels do not travel through the pipeline)
     rows: tuple  # rows [lo, hi) of the batch this replica takes
     loss: dict | None = None  # the last stage: the loss reference
     device: int = -1  # the plan's device of this replica
@@ -130,7 +131,7 @@ def stage_jobs(program: Program, view: PipelineView) -> list[StageJob]:
     for s in range(stages):
         later = {ref for t in range(s, stages) for ref in reads[t]} | ({(int(loss["ref"]), int(loss["out"]))})
         before = set().union(*made[:s], *owned_params[:s]) if s else set()
-        entering = sorted(ref for ref in later if ref[0] in before or ref[0] in data)
+        entering = sorted(ref for ref in later if ref[0] in before)  # data inputs are sliced where read
         crossing.append(entering if s else [(op, 0) for op in data])
     jobs = []
     for r in range(replicas):
@@ -143,7 +144,8 @@ def stage_jobs(program: Program, view: PipelineView) -> list[StageJob]:
                                  micro_batches=micro, schedule=view.schedule,
                                  records={op: records[op] for op in ops[s]}, ops=ops[s], inputs=crossing[s],
                                  outputs=outputs, params=params, constants=constants,
-                                 data=[(op, names[op]) for op in data] if s == 0 else [],
+                                 data=[(op, names[op]) for op in data] if s == 0 else
+                                 [(op, names[op]) for op in data if any(ref[0] == op for ref in reads[s])],
                                  rows=(lo, lo + program.batch_size // replicas),
                                  loss=loss if s == stages - 1 else None, device=view.mapping[s][r],
                                  keys=list(params.values())))
@@ -160,11 +162,17 @@ class _StageModule(nn.Module):
                                          for key in job.keys])
         self.param_index = {op: k for k, op in enumerate(job.params)}
         self.constants = {op: tensors[name] for op, name in job.constants.items()}
+        lo, hi = job.rows
+        self.local = {op: tensors[name][lo:hi] for op, name in job.data} if job.stage else {}
+        self.micro_batch = 0  # set by _Stage before each forward pass (shape inference keeps the last)
 
     def forward(self, *args: torch.Tensor):
         from tag.execute.runtime import call_record, decode
 
         given = dict(zip(self.job.inputs, args))
+        if self.local:
+            rows, m = (self.job.rows[1] - self.job.rows[0]) // self.job.micro_batches, self.micro_batch
+            given.update({(op, 0): value[m * rows:(m + 1) * rows] for op, value in self.local.items()})
         values: dict[int, Any] = {}
 
         def resolve(p: int, out: int):
@@ -184,19 +192,33 @@ class _StageModule(nn.Module):
         return tuple(resolve(p, out) for p, out in self.job.outputs)
 
 
+def _stage_class():
+    """``PipelineStage`` that tells its module which micro-batch a forward pass is for (a later stage slices
+    that micro-batch's rows of the data inputs it reads)."""
+    from torch.distributed.pipelining import PipelineStage
+
+    class _Stage(PipelineStage):
+        def forward_one_chunk(self, fwd_chunk_id: int, *args, **kwargs):
+            self.submod.micro_batch = fwd_chunk_id
+            return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
+
+    return _Stage
+
+
 class TorchStageRuntime:
     """Runs a :class:`StageJob` step after step (the rank runtime's interface: step, carry, describe)."""
 
     def __init__(self, job: StageJob, tensors: dict) -> None:
         from torch.distributed.device_mesh import init_device_mesh
-        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+        from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
         self.job = job
         self.current = "start-up"
         mesh = init_device_mesh("cpu", (job.replicas, job.num_stages), mesh_dim_names=("dp", "pp"))
         self.dp_group = mesh["dp"].get_group()
         self.module = _StageModule(job, tensors)
-        stage = PipelineStage(self.module, job.stage, job.num_stages, torch.device("cpu"), group=mesh["pp"].get_group())
+        stage = _stage_class()(self.module, job.stage, job.num_stages, torch.device("cpu"),
+                               group=mesh["pp"].get_group())
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[job.schedule]
         self.schedule = schedule(stage, n_microbatches=job.micro_batches, loss_fn=lambda out, target: out,
                                  scale_grads=True)

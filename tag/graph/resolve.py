@@ -62,10 +62,11 @@ def resolve_model(text: str, *, batch_size: int | None = None, tiny: bool = Fals
 
             graph = trace_zoo(text, tiny=tiny, batch_size=batch_size)
         elif ":" in text:
-            from tag.graph.tracer import load_user_function, trace
+            from tag.graph.tracer import trace
+            from tag.graph.user_code import load_user_step
 
-            model, inputs, loss_fn = load_user_function(text)
-            graph = trace(model, inputs, loss_fn, name=text.rsplit(":", 1)[-1], progress=progress)
+            model, inputs, loss_fn, targets = load_user_step(text)
+            graph = trace(model, inputs, loss_fn, name=text.rsplit(":", 1)[-1], progress=progress, targets=targets)
         else:
             raise ModelError(
                 f"unknown model {text!r}: not a zoo model ({', '.join(MODELS)}), "

@@ -113,10 +113,13 @@ class _TrainStep:
     state for SGD); a parameter without a gradient keeps its value and state.
     """
 
-    def __init__(self, model: nn.Module, inputs: tuple, loss_fn: LossFn, optimizer: str) -> None:
+    def __init__(self, model: nn.Module, inputs: tuple, loss_fn: LossFn, optimizer: str,
+                 model_inputs: int | None = None) -> None:
         self.model = model
         self.loss_fn = loss_fn
         self.optimizer = optimizer
+        # inputs[:model_inputs] go to the model; the rest (loss targets) to loss_fn after the model's output
+        self.model_inputs = len(inputs) if model_inputs is None else model_inputs
         named = dict(model.named_parameters())
         self.param_names = [k for k, p in named.items() if p.requires_grad]
         self.buffer_names = [k for k, _ in model.named_buffers()]
@@ -152,8 +155,8 @@ class _TrainStep:
         for slot, value in zip(self.input_slots, tensor_inputs):
             inputs[slot] = value
         state = {**dict(zip(self.param_names, params)), **dict(zip(self.buffer_names, buffers))}
-        output = torch.func.functional_call(self.model, state, tuple(inputs))
-        loss = self.loss_fn(output)
+        output = torch.func.functional_call(self.model, state, tuple(inputs[:self.model_inputs]))
+        loss = self.loss_fn(output, *inputs[self.model_inputs:])
         grads = torch.autograd.grad(loss, params, allow_unused=True) if params else ()
         new_params, new_exp_avg, new_exp_avg_sq = [], [], []
         for k, (param, grad) in enumerate(zip(params, grads)):
@@ -715,6 +718,20 @@ def _check_arguments(model: Any, example_inputs: Any, loss_fn: Any, optimizer: s
     return example_inputs
 
 
+def _check_targets(targets: Any, example_inputs: tuple, name: str) -> tuple:
+    """Loss targets: tensors whose dim 0 is the batch of the first batched example input."""
+    if isinstance(targets, torch.Tensor):
+        targets = (targets,)
+    if not isinstance(targets, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in targets):
+        raise ModelError(f"{name}: loss targets must be a tuple of tensors")
+    batch = next(x.shape[0] for x in example_inputs if isinstance(x, torch.Tensor) and x.dim() > 0)
+    for k, t in enumerate(targets):
+        if t.dim() == 0 or t.shape[0] != batch:
+            raise ModelError(f"{name}: loss target {k} has shape {tuple(t.shape)}; its dim 0 must be the batch "
+                             f"({batch})")
+    return tuple(targets)
+
+
 def _check_loss(traced: _Traced) -> None:
     loss = traced.outputs[0]
     value = loss.meta.get("val") if isinstance(loss, torch.fx.Node) else loss
@@ -725,11 +742,13 @@ def _check_loss(traced: _Traced) -> None:
 
 def trace(model: nn.Module, example_inputs: tuple, loss_fn: LossFn, *, name: str = "model", optimizer: str = "adam",
           split_classes: bool = True, fold_views: bool = True, output_specs: bool = False,
-          progress: Any = None) -> OpGraph:
+          progress: Any = None, targets: tuple = ()) -> OpGraph:
     """The OpGraph of one training step of ``model`` (forward, backward, optimizer) at aten level.
 
     ``example_inputs``: tensors with the batch in dim 0 (their values are never read; ``meta`` works);
-    ``loss_fn(model(*example_inputs))`` must be a scalar. ``optimizer``: "adam" or "sgd".
+    ``loss_fn(model(*example_inputs), *targets)`` must be a scalar: ``targets`` (tensors with the batch in
+    dim 0, e.g. labels) are inputs of the step like the model's, placeholders ``input:k`` after them, so a
+    replica or micro-batch takes its own rows of them. ``optimizer``: "adam" or "sgd".
     ``split_classes``: run the DTensor split-class analysis (else every op is ``none`` and batch
     scaling follows reachability from the inputs). ``fold_views``: fold zero-cost views, aliases and
     single-use getitems into their consumers. ``output_specs``: record each call's output shapes and dtypes
@@ -737,12 +756,13 @@ def trace(model: nn.Module, example_inputs: tuple, loss_fn: LossFn, *, name: str
     ``Progress``. ModelError if the model cannot be traced.
     """
     example_inputs = _check_arguments(model, example_inputs, loss_fn, optimizer, name)
+    targets = _check_targets(targets, example_inputs, name)
     report = _Reporter(progress)
     start = time.perf_counter()
     with report.phase("build"):
         from torch._subclasses.fake_tensor import FakeTensorMode
 
-        step = _TrainStep(model, example_inputs, loss_fn, optimizer)
+        step = _TrainStep(model, example_inputs + targets, loss_fn, optimizer, model_inputs=len(example_inputs))
         flat = _fake_arguments(step, FakeTensorMode(allow_non_fake_inputs=True))
     module = _make_fx(step, flat, report, name)
     traced = _Traced(module, step, name)

@@ -19,7 +19,7 @@ from torch import nn
 from tag._read import check_input_file, input_is_file
 from tag.errors import ModelError, SpecError
 
-__all__ = ["load_user_function", "describe_failure"]
+__all__ = ["load_user_function", "load_user_step", "describe_failure"]
 
 
 def describe_failure(error: BaseException) -> str:
@@ -57,10 +57,12 @@ def _import_spec(target: str) -> Any:
         raise ModelError(f"{target}: importing it {describe_failure(error)}") from error
 
 
-def load_user_function(spec: str) -> tuple[nn.Module, tuple, Callable]:
+def load_user_step(spec: str) -> tuple[nn.Module, tuple, Callable, tuple]:
     """Call ``"package.module:function"`` or ``"path/to/file.py:function"``; it must return
-    ``(model, example_inputs, loss_fn)``. SpecError if the spec does not resolve, ModelError if the
-    function fails or returns something else."""
+    ``(model, example_inputs, loss_fn)`` or ``(model, example_inputs, loss_fn, targets)``, where
+    ``loss_fn(model(*example_inputs), *targets)`` is the loss and ``targets`` (labels, with the batch in dim
+    0) are inputs of the train step, not constants. Returns the four (``targets`` empty if none). SpecError
+    if the spec does not resolve, ModelError if the function fails or returns something else."""
     if not isinstance(spec, str) or ":" not in spec:
         raise SpecError(f"model spec {spec!r} must look like MODULE:FUNCTION or FILE.py:FUNCTION")
     target, _, function_name = spec.rpartition(":")
@@ -76,10 +78,15 @@ def load_user_function(spec: str) -> tuple[nn.Module, tuple, Callable]:
         result = function()
     except (Exception, SystemExit) as error:
         raise ModelError(f"{spec} {describe_failure(error)}") from error
-    if not isinstance(result, (tuple, list)) or len(result) != 3:
+    if not isinstance(result, (tuple, list)) or len(result) not in (3, 4):
         got = f"a {len(result)}-tuple" if isinstance(result, (tuple, list)) else type(result).__name__
-        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn), got {got}")
-    model, inputs, loss_fn = result
+        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn[, targets]), got {got}")
+    model, inputs, loss_fn = result[:3]
+    targets = result[3] if len(result) == 4 else ()
+    if isinstance(targets, torch.Tensor):
+        targets = (targets,)
+    if not isinstance(targets, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in targets):
+        raise ModelError(f"{spec}: its loss targets must be a tensor or a tuple of tensors")
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
     if not isinstance(model, nn.Module):
@@ -88,4 +95,13 @@ def load_user_function(spec: str) -> tuple[nn.Module, tuple, Callable]:
         raise ModelError(f"{spec} must return (model, example_inputs, loss_fn); example_inputs must be a tuple of tensors")
     if not callable(loss_fn):
         raise ModelError(f"{spec} must return (model, example_inputs, loss_fn); its loss_fn is not callable")
-    return model, tuple(inputs), loss_fn
+    return model, tuple(inputs), loss_fn, tuple(targets)
+
+
+def load_user_function(spec: str) -> tuple[nn.Module, tuple, Callable]:
+    """:func:`load_user_step` for a function that returns no loss targets: ``(model, example_inputs,
+    loss_fn)``; ModelError if it returns targets."""
+    model, inputs, loss_fn, targets = load_user_step(spec)
+    if targets:
+        raise ModelError(f"{spec} returns loss targets; load it with load_user_step")
+    return model, inputs, loss_fn
