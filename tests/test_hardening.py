@@ -91,7 +91,7 @@ def test_deeply_nested_graph_and_plan(capfd, tmp_path):
 
 
 def test_deeply_nested_train_config(capfd, tmp_path):
-    config = write(tmp_path / "c.toml", "models = " + "[" * 5000 + "]" * 5000 + "\n")
+    config = write(tmp_path / "c.toml", "models = " + "[" * 1500 + "]" * 1500 + "\n")  # past the recursion limit
     assert_one_line(capfd, ["train", "--config", config, "--out", tmp_path / "run"], "c.toml", "nest")
 
 
@@ -113,7 +113,7 @@ def test_saved_cluster_with_an_id_past_64_bits(capfd, tmp_path):
     doc = resolve_cluster(TOY).to_json()
     doc["device_type"][0] = 10**30
     path = write(tmp_path / "saved.json", json.dumps(doc))
-    assert_one_line(capfd, ["show", "resnet101", "--cluster", path], "saved.json", "malformed cluster JSON")
+    assert_one_line(capfd, ["show", "resnet101", "--cluster", path], "saved.json", "device_type", "64-bit")
 
 
 @pytest.mark.parametrize("seed", [str(2**63), str(10**30), "-1"])
@@ -226,6 +226,17 @@ def test_gzip_that_inflates_past_the_bound(capfd, tmp_path, monkeypatch):
     assert_one_line(capfd, ["show", bomb], "bomb.json.gz", "inflates to more than 1,048,576 bytes")
     big = write(tmp_path / "big.json", b" " * ((1 << 20) + 1))
     assert_one_line(capfd, ["show", big], "big.json", "at most 1,048,576")
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda doc: doc["ops"]["param_bytes"].__setitem__(0, 1e308), ("op0", "param_bytes", "2^100")),
+    (lambda doc: doc["edges"]["bytes"].__setitem__(0, 1e300), ("'op0' -> 'op1'", "2^100")),
+])
+def test_byte_counts_that_would_overflow_the_memory_model(capfd, tmp_path, edit, words):
+    doc = graph_doc()
+    edit(doc)
+    graph = write(tmp_path / "g.json", json.dumps(doc))
+    assert_one_line(capfd, ["baselines", graph, "--cluster", TOY, "--num-groups", "2"], "g.json", *words)
 
 
 # --------------------------------------------------------------------------- 4. training that never ends

@@ -38,6 +38,9 @@ ROLE_INPUT, ROLE_FORWARD, ROLE_BACKWARD, ROLE_OPTIMIZER = range(4)
 SPLIT_CLASSES = ("concat", "sum", "none")
 SPLIT_CONCAT, SPLIT_SUM, SPLIT_NONE = range(3)
 
+# Far past any tensor (even at a batch of 2^31); larger byte counts are typos whose sums in the memory
+# model (Adam keeps 4 copies of each parameter) would overflow to infinity.
+MAX_BYTES = 2.0**100
 _FLOAT_COLUMNS = ("flops", "bytes_accessed", "output_bytes", "param_bytes", "measured_time")
 
 
@@ -119,6 +122,9 @@ class OpGraph:
             if bad.any():
                 i = int(np.argmax(bad))
                 raise GraphError(f"op {self.names[i]!r}: {column} must be a finite non-negative number, got {values[i]!r}")
+            if column != "flops" and (values > MAX_BYTES).any():
+                i = int(np.argmax(values > MAX_BYTES))
+                raise GraphError(f"op {self.names[i]!r}: {column} must be at most 2^100 bytes, got {float(values[i])!r}")
         measured = self.measured_time[~np.isnan(self.measured_time)]
         if (measured < 0).any() or not np.isfinite(measured).all():
             raise GraphError("measured_time must be non-negative")
@@ -130,12 +136,12 @@ class OpGraph:
             if bad.any():
                 k = int(np.argmax(bad))
                 raise GraphError(f"edge {k}: {end} {int(column[k])} is not an op (graph has {n} ops)")
-        bad = ~np.isfinite(self.edge_bytes) | (self.edge_bytes < 0)
+        bad = ~np.isfinite(self.edge_bytes) | (self.edge_bytes < 0) | (self.edge_bytes > MAX_BYTES)
         if bad.any():
             k = int(np.argmax(bad))
             raise GraphError(
                 f"edge {self.names[self.edge_src[k]]!r} -> {self.names[self.edge_dst[k]]!r}: "
-                f"bytes must be a finite non-negative number, got {self.edge_bytes[k]!r}"
+                f"bytes must be a finite non-negative number at most 2^100, got {float(self.edge_bytes[k])!r}"
             )
         loops = self.edge_src == self.edge_dst
         if loops.any():
