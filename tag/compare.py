@@ -77,7 +77,7 @@ def _row(planner: str, kind: str, iteration_time_s: float, feasible: bool, peak_
 
 
 def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress,
-                   cost: CostModel | None) -> list[dict[str, Any]]:
+                   cost: CostModel | None = None) -> list[dict[str, Any]]:
     from tag.planner import COMPARED_BASELINES, PlanConfig, load_priors, plan_training
 
     from tag.policy import shipped_policy_path
@@ -106,7 +106,7 @@ def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say:
 
 
 def _pipeline_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress,
-                   cost: CostModel | None) -> list[dict[str, Any]]:
+                   cost: CostModel | None = None) -> list[dict[str, Any]]:
     from tag.errors import TagError
     from tag.exact import make_mapper, plan_pipeline, simulate_pipeline
 
