@@ -191,6 +191,11 @@ def test_cost_model_uses_measured_times_where_covered_and_the_roofline_elsewhere
     np.testing.assert_array_equal(fp16.op_times(graph, "v100"), CostModel(dtype="fp16").op_times(graph, "v100"))
     assert not ProfiledCostModel(profile=model.profile, use_measured=False).covers(graph, "cpu")
     assert model.covers(graph, "cpu") and not model.covers(graph, "h100")
+    # it crosses process boundaries (the exact mapper's pool, self-play workers)
+    import pickle
+
+    again = pickle.loads(pickle.dumps(model))
+    assert again == model and np.array_equal(again.op_times(graph, "cpu"), model.op_times(graph, "cpu"))
     # a cost model with another profile is another key for the compiler's caches
     assert model != ProfiledCostModel(profile=_profile(graph, fixed=(0.0, 1e-5, 3e-5, 7e-6)))
     assert model == ProfiledCostModel(profile=_profile(graph))

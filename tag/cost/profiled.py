@@ -55,6 +55,11 @@ class ProfiledCostModel(CostModel):
                             self.dtype)
         return per_graph[name]
 
+    def __reduce__(self):
+        """Pickled without the per-graph cache (weak references do not pickle; worker processes rebuild it)."""
+        return (type(self), (self.compute_efficiency, self.memory_efficiency, self.dtype, self.use_measured,
+                             self.profile))
+
     def covers(self, graph: OpGraph, gpu: GPUType | str) -> bool:
         return self.measured(graph, gpu) is not None
 
