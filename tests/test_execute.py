@@ -266,3 +266,23 @@ def test_loss_targets_are_inputs_that_replicas_split(tmp_path, pool):
     with pytest.raises(ExecutionError, match="allow-batch-coupled"):
         grouped = group_ops(captured.graph, num_groups=2, gpus=cluster)
         run_strategy(captured, grouped, Strategy.data_parallel(grouped.num_groups, cluster), cluster, pool=pool)
+
+
+def test_sufficient_factor_broadcasting_runs_and_replaces_all_reduces(pool):
+    """SFB (TAG §4.2.3) makes every replica compute a weight gradient on the whole batch from broadcast
+    factors instead of all-reducing it: the run needs fewer collectives, more transfers, and is still the
+    single-device step."""
+    from tag.sfb import apply_sfb
+
+    program = zoo_program("candle-uno", tiny=True, batch_size=4)
+    cluster = build_cluster("slow", [Machine("v100-16gb", 1)] * 2, network_bandwidth=1e8)
+    gg = group_ops(program.graph, num_groups=4, gpus=cluster)
+    strategy = Strategy.data_parallel(gg.num_groups, cluster)
+    sfb = apply_sfb(gg, strategy, cluster)
+    assert sfb.duplicated_ops.size > 0
+    plain = run(program, gg, strategy, cluster, pool)
+    result = run(program, sfb.rewritten_group_graph(), strategy, cluster, pool)
+    assert_equal_to_one_device(result)
+    count = lambda r, kind: sum((c[1] == "transfer") == (kind == "transfer") for c in r.communication)  # noqa: E731
+    assert count(result, "collective") < count(plain, "collective")
+    assert count(result, "transfer") > count(plain, "transfer") == 0

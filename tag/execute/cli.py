@@ -78,14 +78,10 @@ def cmd_run(args: argparse.Namespace) -> dict:
 
 def _run_placement(args: argparse.Namespace, program, cluster):
     from tag.cli import _plan_group_graph
-    from tag.execute.lower import ExecutionError
     from tag.execute.run import run_strategy
     from tag.strategy import load_plan
 
     plan = load_plan(args.plan, graph=program.graph, cluster=cluster)
-    if plan.summary.get("sfb_groups"):
-        raise ExecutionError(f"{args.plan}: the plan broadcasts sufficient factors (SFB), which does not run yet; "
-                             "plan with --no-sfb")
     group_graph = _plan_group_graph(plan, program.graph, cluster, argparse.Namespace(seed=args.seed,
                                                                                      strategy=args.plan))
     with _step_progress(f"{cluster.num_devices} ranks", args.steps) as progress:

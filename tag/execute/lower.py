@@ -195,7 +195,7 @@ class _Lowering:
     def __init__(self, program: Program, compiled: CompiledPlan) -> None:
         self.program = program
         self.plan = compiled
-        self.graph = program.graph
+        self.graph = compiled.group_graph.op_graph  # the program's ops; split classes as planned (SFB rewrites)
         self.tables = compiled.tables
         self.batch = program.batch_size
         self.assignment = compiled.group_graph.assignment
@@ -275,6 +275,13 @@ class _Lowering:
                 local = (lo, hi) if hi > lo else None
             dims = tuple((k, *self.program.batch_dim(p, k)) for k in self.outs(q))
             return Read("rows", q, need, local, self.run_rows(p, e)[0] if holder else 0, dims)
+        if holder and pclass != SUMS and self.moves_rows(q):
+            # a whole-batch value read by a replica's rows (an op SFB duplicates feeding one that stays split)
+            need = self.run_rows(c, e) if self.runs_split(c) else (0, self.batch)
+            have = self.run_rows(p, e)
+            if have != need and have[0] <= need[0] and need[1] <= have[1]:
+                dims = tuple((k, *self.program.batch_dim(p, k)) for k in self.outs(q))
+                return Read("rows", q, need, need, have[0], dims)
         partial = pclass == SUMS and layout_p.split
         if partial:
             consumers = tables.use_consumers[q].tolist()
@@ -519,8 +526,9 @@ def _lower_outputs(low: _Lowering, ranks: list[RankProgram]) -> None:
 def combine_rule(low_program: Program, compiled: CompiledPlan, op: int) -> str:
     """How the ranks' values of ``op`` make the single-device value: sum | rows | first."""
     layout = compiled.layouts[int(compiled.group_graph.assignment[op])]
-    if layout.split and low_program.graph.split[op] == SPLIT_SUM:
+    split = compiled.group_graph.op_graph.split
+    if layout.split and split[op] == SPLIT_SUM:
         return "sum"
-    if layout.split and low_program.graph.split[op] != SPLIT_NONE:
+    if layout.split and split[op] != SPLIT_NONE:
         return "rows"
     return "first"
