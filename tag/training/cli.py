@@ -37,7 +37,9 @@ def cmd_train(args: argparse.Namespace) -> dict[str, Any]:
     from tag.training.config import load_config
     from tag.training.loop import train
 
-    out = _run_folder(args.out) if args.out is not None else DEFAULT_RUNS / Path(args.config).name.removesuffix(".toml")
+    default = args.out is None  # runs/<config name>: checked as well, named as the run folder
+    out = _run_folder(str(DEFAULT_RUNS / Path(args.config).name.removesuffix(".toml")) if default else args.out,
+                      flag="run folder" if default else "--out")
     config = load_config(args.config)
     overrides = {k: v for k, v in (("total_steps", args.steps), ("workers", args.workers)) if v is not None}
     config = config.replace(**overrides)
@@ -109,12 +111,12 @@ def _print_summary(payload: dict[str, Any]) -> None:
     Console(highlight=False).print(table)
 
 
-def _run_folder(text: str) -> Path:
+def _run_folder(text: str, *, flag: str = "--out") -> Path:
     """The --out run folder, checked before any work: a folder, or a name whose nearest existing parent is
     a folder this process may write into."""
     from tag.errors import OutputError
 
-    shown = f"--out {text[:80]!r}{'…' if len(text) > 80 else ''}"
+    shown = f"{flag} {text[:80]!r}{'…' if len(text) > 80 else ''}"
     if not text:
         raise OutputError("--out '': expected a run folder")
     path = Path(text)
