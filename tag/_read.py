@@ -1,9 +1,10 @@
 """Reading the files a user names: bounded in size and nesting, every failure a :class:`TagError`.
 
-Every document tag reads (graphs, cluster specs, plans, configs) goes through :func:`read_input` and
-one of :func:`parse_json` / :func:`parse_yaml`, so that a name the OS cannot stat, a file too large, a
-gzip bomb, a document nested thousands deep or a key given twice is refused with one clear message
-naming the file, before anything large is allocated.
+Every document tag reads (graphs, cluster specs, plans, PipeDream profiles, training configs) goes through
+:func:`read_input` and then :func:`parse_json`, :func:`parse_yaml` or its own parser; checkpoints through
+:func:`check_input_file` before ``torch.load``. So a name the OS cannot stat, a pipe, a file too large, a
+gzip bomb, a document nested thousands deep or a key given twice is refused with one clear message naming
+the file, before anything large is allocated.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def check_input_file(path: str | os.PathLike, *, what: str, error: type[TagError
     if stat.S_ISDIR(info.st_mode):
         raise error(f"{where}: is a directory, not a {what}")
     if not stat.S_ISREG(info.st_mode):  # a FIFO or a device: reading it could block forever
-        raise error(f"{where}: is not a regular file, not a {what}")
+        raise error(f"{where}: not a regular file (a pipe or a device); tag reads a {what} only from a file")
     if info.st_size > limit:
         raise error(f"{where}: the {what} is {info.st_size:,} bytes; tag reads at most {limit:,}")
 
