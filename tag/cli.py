@@ -1031,7 +1031,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         with staged_outputs() as args.stage:  # every output file lands when the command succeeds, or none
             payload = command(args)
     except TagError as error:
-        message = " ".join(str(error).split("\n"))
+        # one line whatever names it quotes: newlines, carriage returns and terminal escapes become spaces
+        message = "".join(c if c.isprintable() else " " for c in str(error))
         sys.stderr.write(f"tag: error: {message}\n")
         return EXIT_BAD_INPUT
     except KeyboardInterrupt:

@@ -296,6 +296,11 @@ def test_paths_that_cannot_be_read(capfd, tmp_path):
     assert_one_line(capfd, ["train", "--config", toml], "not a regular file")
 
 
+def test_control_characters_in_a_name_stay_on_one_line(capfd, tmp_path):
+    line = assert_one_line(capfd, ["show", str(tmp_path / "a\nb\rc\x1b[31m.json")], "no such graph file")
+    assert "\x1b" not in line and "\r" not in line
+
+
 # ------------------------------------------------------------------------------------- 6. rich markup
 def test_markup_in_names_prints_as_written(capfd, tmp_path):
     spec = write(tmp_path / "c.yaml", 'name: "[/]"\n' + SPEC)
