@@ -834,6 +834,7 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         command = self.prog.removeprefix("tag").strip()
+        message = "".join(c if c.isprintable() else " " for c in message)  # an argument may hold a newline
         self.exit(EXIT_BAD_INPUT, f"tag: error: {command + ': ' if command else ''}{message}\n")
 
 
