@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from tag.baselines import BaselineResult, run_baselines
+from tag.baselines import run_baselines
 from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.exact import make_mapper, plan_pipeline
@@ -109,7 +109,6 @@ def data_parallel_candidates(graph: OpGraph, cluster: Cluster, *, config: PlanCo
     seconds = (time.perf_counter() - start) / max(len(results), 1)
     out = []
     for b in results:
-        b: BaselineResult
         out.append(Candidate("data-parallel", b.name, float(b.iteration_time_s), not b.oom, float(b.peak_memory.max()),
                              seconds, b, f"{cluster.num_devices} replicas", b.note,
                              info={"group_graph": group_graph}))
