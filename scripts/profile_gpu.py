@@ -71,7 +71,7 @@ def write(out: Path, name: str, device: DeviceProfile, steps: list, gpu, started
                "models": [{"model": times.name, "ops": times.num_ops, "batch_sizes": list(times.batch_sizes),
                            "step_s": float(times.predicted(times.batch_size).sum()),
                            "by_role": agreement_by_role(graph, times, gpu)} for graph, times in steps],
-               "by_kind": agreement_table(steps, gpu, top=15), "roofline_fit": roofline_fit(steps, gpu),
+               "by_kind": agreement_table(steps, gpu, top=15), "roofline_fit": device.roofline_fit,
                "comm": {k: {"backend": c.backend, "latency_s": c.latency_s, "bandwidth": c.bandwidth}
                         for k, c in device.comm.items()},
                "seconds": time.perf_counter() - started}
@@ -117,7 +117,7 @@ def main() -> None:
         models[times.name] = times
         steps.append((program.graph, times))
         device_profile = DeviceProfile(name, description, args.device, "fp32", torch.get_num_threads(),
-                                       torch.__version__, timing, dict(models), comm, None)
+                                       torch.__version__, timing, dict(models), comm, roofline_fit(steps, gpu))
         summary = write(out, name, device_profile, steps, gpu, started)
         fit_step = times.predicted(times.batch_size).sum()
         print(f"{times.name}: {times.num_ops} ops at batch {list(times.batch_sizes)}, step {fit_step * 1e3:.2f} ms "
@@ -142,8 +142,9 @@ def print_table(summary: dict) -> None:
               f"{rho:>9} {row['median_ratio']:10.2f}")
     fit = summary["roofline_fit"]
     if fit:
-        print(f"fitted efficiencies: compute {fit['compute_efficiency']:.3f}, memory {fit['memory_efficiency']:.3f}, "
-              f"rms log error {fit['rms_log_error']:.2f} over {fit['samples']} ops")
+        print(f"calibrated roofline: launch {fit['launch_overhead_s'] * 1e6:.1f} us, compute efficiency "
+              f"{fit['compute_efficiency']:.3f}, memory {fit['memory_efficiency']:.3f}, rms log error "
+              f"{fit['rms_log_error']:.2f} over {fit['samples']} ops")
 
 
 if __name__ == "__main__":

@@ -145,13 +145,15 @@ def _break(doc: dict, how: str) -> dict:
         device["comm"]["p2p"]["bandwidth"] = 0
     elif how == "unknown_comm":
         device["comm"]["broadcast"] = device["comm"]["p2p"]
+    elif how == "bad_fit":
+        device["roofline_fit"] = {"launch_overhead_s": 1e-5, "compute_efficiency": 0.0, "memory_efficiency": 0.5}
     return doc
 
 
 @pytest.mark.parametrize("how, field", [("version", "schema_version"), ("no_devices", "devices"),
                                         ("negative_time", "fixed_s[1]"), ("short_row", "measured_s[2]"),
                                         ("batch_over_traced", "batch_sizes"), ("zero_bandwidth", "bandwidth"),
-                                        ("unknown_comm", "broadcast")])
+                                        ("unknown_comm", "broadcast"), ("bad_fit", "compute_efficiency")])
 def test_a_malformed_profile_is_one_error_naming_the_field(tmp_path, how, field):
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(_break(_doc(_graph()), how)))
@@ -199,6 +201,48 @@ def test_cost_model_uses_measured_times_where_covered_and_the_roofline_elsewhere
     # a cost model with another profile is another key for the compiler's caches
     assert model != ProfiledCostModel(profile=_profile(graph, fixed=(0.0, 1e-5, 3e-5, 7e-6)))
     assert model == ProfiledCostModel(profile=_profile(graph))
+
+
+def test_other_steps_on_a_profiled_gpu_get_the_roofline_calibrated_to_the_profile():
+    import dataclasses
+
+    from tag.cluster import gpu_type
+
+    graph = _graph()
+    device = _profile(graph).device("cpu")
+    fit = {"launch_overhead_s": 2e-5, "compute_efficiency": 1.0, "memory_efficiency": 0.8}
+    model = ProfiledCostModel(profile=Profile({"cpu": dataclasses.replace(device, roofline_fit=fit)}))
+    other = make_graph([(0, 1), (0, 2)], role=[0, 1, 1])
+    calibrated = CostModel(compute_efficiency=1.0, memory_efficiency=0.8).op_times(
+        other, dataclasses.replace(gpu_type("cpu"), launch_overhead_s=2e-5))
+    np.testing.assert_allclose(model.op_times(other, "cpu"), calibrated)
+    assert model.op_times(other, "cpu")[1] > CostModel().op_times(other, "cpu")[1]  # the measured floor
+    np.testing.assert_array_equal(model.op_times(other, "v100"), CostModel().op_times(other, "v100"))
+    plain = ProfiledCostModel(profile=model.profile, use_measured=False)
+    np.testing.assert_array_equal(plain.op_times(other, "cpu"), CostModel().op_times(other, "cpu"))
+
+
+def test_roofline_fit_recovers_a_known_launch_floor_and_efficiencies():
+    import dataclasses
+
+    from tag.cluster import gpu_type
+    from tag.profile.report import roofline_fit
+
+    n = 12
+    graph = make_graph([(i, i + 1) for i in range(n - 1)], role=[0] + [1] * (n - 1))
+    graph.flops[:] = [0.0] + [1.0] * 5 + [1e9 * (k + 1) for k in range(6)]  # 5 launch-only ops, 6 busy ones
+    graph.bytes_accessed[:] = [0.0] + [1.0] * 5 + [4e7 * (6 - k) for k in range(6)]
+    gpu = gpu_type("cpu")
+    truth = CostModel(compute_efficiency=1.2, memory_efficiency=0.6).op_times(
+        graph, dataclasses.replace(gpu, launch_overhead_s=2e-5))
+    measured = np.where(np.arange(n) == 0, np.nan, truth)
+    times = ModelTimes("toy", structure_fingerprint(graph), 4, (4,), tuple(graph.kinds), graph.batch_scaled.copy(),
+                       np.nan_to_num(measured), np.zeros(n), measured[:, None])
+    fit = roofline_fit([(graph, times)], gpu)
+    assert fit["launch_overhead_s"] == pytest.approx(2e-5, rel=1e-4)  # plus the launch-only ops' own bytes
+    assert fit["compute_efficiency"] == pytest.approx(1.2, rel=2e-3)
+    assert fit["memory_efficiency"] == pytest.approx(0.6, rel=2e-3)
+    assert fit["rms_log_error"] < 1e-3
 
 
 def test_the_executors_overhead_is_charged_to_every_op_that_runs(tmp_path):

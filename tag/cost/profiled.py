@@ -2,8 +2,10 @@
 
 ``tag profile`` times every op of a train step on a device and fits TAG's linear model in the batch
 (:mod:`tag.profile.data`). :class:`ProfiledCostModel` uses those fits for a graph whose structure the
-profile measured on the GPU type asked about, in the cost model's dtype; every other (graph, GPU type)
-pair gets the roofline of :class:`~tag.cost.compute.CostModel` unchanged. It is an ordinary cost model
+profile measured on the GPU type asked about, in the cost model's dtype; another graph on a GPU type the
+profile measured gets the roofline calibrated to the profile (the measured per-op launch floor and the
+efficiencies fitted under it, ``roofline_fit``), and every other GPU type the roofline of
+:class:`~tag.cost.compute.CostModel` unchanged. It is an ordinary cost model
 object, passed to the planners like any other (no global state), and equal to another only when its
 profile is (so the compiler's caches keep them apart).
 
@@ -14,6 +16,7 @@ not run SFB plans either).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import weakref
 from dataclasses import dataclass, field
@@ -51,8 +54,8 @@ class ProfiledCostModel(CostModel):
             per_graph[name] = times if times is not None and times.num_ops == graph.num_ops else None
             if device is not None and per_graph[name] is None:
                 log.warning("the profile measured %s but not this step of %s (%d ops) in %s: its ops cost the "
-                            "roofline's times there", name, graph.meta.get("model", "a model"), graph.num_ops,
-                            self.dtype)
+                            "roofline's times there%s", name, graph.meta.get("model", "a model"), graph.num_ops,
+                            self.dtype, ", calibrated to the profile" if device.roofline_fit else "")
         return per_graph[name]
 
     def __reduce__(self):
@@ -63,18 +66,40 @@ class ProfiledCostModel(CostModel):
     def covers(self, graph: OpGraph, gpu: GPUType | str) -> bool:
         return self.measured(graph, gpu) is not None
 
+    def calibrated(self, gpu: GPUType | str) -> tuple[CostModel, GPUType] | None:
+        """The roofline calibrated on ``gpu`` by the profile (launch overhead, efficiencies): a plain cost
+        model and the GPU type with the measured launch overhead; None where the profile has none."""
+        if self.profile is None or not self.use_measured:
+            return None
+        gpu = gpu if isinstance(gpu, GPUType) else gpu_type(gpu)
+        device = self.profile.device(gpu.name)
+        fit = device.roofline_fit if device is not None and device.dtype == self.dtype else None
+        if not fit or "launch_overhead_s" not in fit:
+            return None
+        model = CostModel(compute_efficiency=fit["compute_efficiency"], memory_efficiency=fit["memory_efficiency"],
+                          dtype=self.dtype, use_measured=self.use_measured)
+        return model, dataclasses.replace(gpu, launch_overhead_s=fit["launch_overhead_s"])
+
     def reference_times(self, graph: OpGraph, gpu: GPUType | str) -> np.ndarray:
         times = self.measured(graph, gpu)
-        if times is None:
-            return super().reference_times(graph, gpu)
-        fixed, scaled = _linear(graph, times)
-        return fixed + scaled
+        if times is not None:
+            fixed, scaled = _linear(graph, times)
+            return fixed + scaled
+        calibrated = self.calibrated(gpu)
+        if calibrated is not None:
+            model, device = calibrated
+            return model.reference_times(graph, device)
+        return super().reference_times(graph, gpu)
 
     def linear_times(self, graph: OpGraph, gpu: GPUType | str) -> tuple[np.ndarray, np.ndarray]:
         times = self.measured(graph, gpu)
-        if times is None:
-            return super().linear_times(graph, gpu)
-        return _linear(graph, times)
+        if times is not None:
+            return _linear(graph, times)
+        calibrated = self.calibrated(gpu)
+        if calibrated is not None:
+            model, device = calibrated
+            return model.linear_times(graph, device)
+        return super().linear_times(graph, gpu)
 
 
 def _linear(graph: OpGraph, times: ModelTimes) -> tuple[np.ndarray, np.ndarray]:

@@ -234,7 +234,8 @@ def _print_profile(payload: dict) -> None:
     console.print(table)
     fit = payload["roofline"]["fit"]
     if fit is not None:
-        console.print(f"roofline efficiencies fitted to these times: compute {fit['compute_efficiency']:.3g}, "
+        console.print(f"roofline calibrated to these times (for steps the profile did not measure): launch "
+                      f"{format_time(fit['launch_overhead_s'])}, compute efficiency {fit['compute_efficiency']:.3g}, "
                       f"memory {fit['memory_efficiency']:.3g} (rms log error {fit['rms_log_error']:.2f})")
     for kind, c in payload["comm"].items():
         console.print(f"{kind} ({c['backend']}, {c['processes']} processes): latency {format_time(c['latency_s'])}, "

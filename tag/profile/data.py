@@ -11,7 +11,8 @@ look a cluster's GPU types up in it. Per device it holds
   with the batch size), so a graph traced at any batch size finds its measured times;
 - ``comm``: point-to-point and all-reduce time against message size between processes of this host,
   with α + S/β fitted to each curve (the cluster preset ``local:N`` reads the point-to-point fit);
-- ``roofline_fit``: the roofline's two efficiencies fitted to the measured op times (reference only).
+- ``roofline_fit``: the roofline calibrated to the measured op times (launch overhead, compute and memory
+  efficiencies), which the cost model uses for the steps of that device the profile did not measure.
 
 This module is a leaf: it imports nothing of tag above the file helpers, so that ``tag.cluster`` (the
 ``local`` preset) and ``tag.cost`` (the profile-backed cost model) can read profiles while the code that
@@ -369,6 +370,21 @@ def _comm_from_json(doc: Any, where: str) -> CommCurve:
                      tuple(seconds.tolist()), float(latency), _positive(doc, "bandwidth", where))
 
 
+_FIT_RANGES = {"launch_overhead_s": (0.0, 1.0), "compute_efficiency": (1e-6, 4.0), "memory_efficiency": (1e-6, 4.0)}
+
+
+def _roofline_fit(doc: dict | None, where: str) -> dict | None:
+    """A calibrated roofline's figures, each number in its range (the cost model's own bounds)."""
+    if doc is None:
+        return None
+    for key, (low, high) in _FIT_RANGES.items():
+        if key in doc:
+            value = doc[key]
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ProfileError(f"{where}: field {key!r} must be a number in [{low:g}, {high:g}], got {value!r}")
+    return dict(doc)
+
+
 def _device_from_json(name: str, doc: Any, where: str) -> DeviceProfile:
     if not isinstance(doc, dict):
         raise ProfileError(f"{where} must be an object")
@@ -378,7 +394,7 @@ def _device_from_json(name: str, doc: Any, where: str) -> DeviceProfile:
     unknown = sorted(set(comm) - set(COMM_KINDS))
     if unknown:
         raise ProfileError(f"{where}.comm: unknown pattern {unknown[0]!r}; expected {', '.join(COMM_KINDS)}")
-    fit = _field(doc, "roofline_fit", dict, where, default=None)
+    fit = _roofline_fit(_field(doc, "roofline_fit", dict, where, default=None), f"{where}.roofline_fit")
     threads = _field(doc, "threads", int, where, default=1)
     return DeviceProfile(name, _field(doc, "description", str, where, default=""),
                          _field(doc, "backend", str, where, default="cpu"), _field(doc, "dtype", str, where,

@@ -73,15 +73,29 @@ def agreement_by_role(graph: OpGraph, times: ModelTimes, gpu: GPUType, *, cost: 
                                                                    use_measured=False), gpu=gpu)
 
 
+# An op whose roofline work is below this is all launch: its measured time is the device's per-op floor.
+_LAUNCH_ONLY_S = 1e-6
+
+
 def roofline_fit(steps: list[tuple[OpGraph, ModelTimes]], gpu: GPUType, *, dtype: str = "fp32") -> dict | None:
-    """The roofline's compute and memory efficiencies fitted to the measured times of all ``steps`` (None
-    when no op has both a measured time and a cost)."""
+    """The roofline calibrated to the measured times of all ``steps``: the launch overhead (the median time
+    of the ops with under a microsecond of roofline work: the floor an eager step pays per op), then the
+    compute and memory efficiencies under it (:func:`tag.cost.calibrate.fit_efficiencies`). None when no
+    op has both a measured time and a cost. Keys: launch_overhead_s, compute_efficiency,
+    memory_efficiency, rms_log_error, samples."""
     measured = np.concatenate([measured_at_reference(graph, times) for graph, times in steps])
+    work = np.concatenate([CostModel(dtype=dtype, use_measured=False).op_times(graph, gpu) - gpu.launch_overhead_s
+                           for graph, _ in steps])
     flops = np.concatenate([graph.flops for graph, _ in steps])
     nbytes = np.concatenate([graph.bytes_accessed for graph, _ in steps])
     keep = np.isfinite(measured) & (measured > 0)
+    launch_only = keep & (work < _LAUNCH_ONLY_S) & ((flops > 0) | (nbytes > 0))
+    launch = float(np.median(measured[launch_only])) if launch_only.any() else gpu.launch_overhead_s
+    calibrated = dataclasses.replace(gpu, launch_overhead_s=min(launch, 0.5))
     try:
-        fit = fit_efficiencies(flops[keep], nbytes[keep], measured[keep], gpu, dtype=dtype)
+        fit = fit_efficiencies(flops[keep], nbytes[keep], measured[keep], calibrated, dtype=dtype)
     except ValueError:
         return None
-    return fit._asdict()
+    # the cost model takes efficiencies in (0, 4]; the grid's refinement can step just past its bound
+    return {**fit._asdict(), "launch_overhead_s": calibrated.launch_overhead_s,
+            "compute_efficiency": min(fit.compute_efficiency, 4.0), "memory_efficiency": min(fit.memory_efficiency, 4.0)}
