@@ -211,10 +211,12 @@ def test_other_steps_on_a_profiled_gpu_get_the_roofline_calibrated_to_the_profil
     graph = _graph()
     device = _profile(graph).device("cpu")
     fit = {"launch_overhead_s": 2e-5, "compute_efficiency": 1.0, "memory_efficiency": 0.8}
-    model = ProfiledCostModel(profile=Profile({"cpu": dataclasses.replace(device, roofline_fit=fit)}))
+    toy = dataclasses.replace(device.models["toy"], executor_overhead_s=1e-5)  # the measured steps' executor
+    model = ProfiledCostModel(profile=Profile({"cpu": dataclasses.replace(device, roofline_fit=fit,
+                                                                          models={"toy": toy})}))
     other = make_graph([(0, 1), (0, 2)], role=[0, 1, 1])
     calibrated = CostModel(compute_efficiency=1.0, memory_efficiency=0.8).op_times(
-        other, dataclasses.replace(gpu_type("cpu"), launch_overhead_s=2e-5))
+        other, dataclasses.replace(gpu_type("cpu"), launch_overhead_s=2e-5 + 1e-5))
     np.testing.assert_allclose(model.op_times(other, "cpu"), calibrated)
     assert model.op_times(other, "cpu")[1] > CostModel().op_times(other, "cpu")[1]  # the measured floor
     np.testing.assert_array_equal(model.op_times(other, "v100"), CostModel().op_times(other, "v100"))

@@ -68,7 +68,8 @@ class ProfiledCostModel(CostModel):
 
     def calibrated(self, gpu: GPUType | str) -> tuple[CostModel, GPUType] | None:
         """The roofline calibrated on ``gpu`` by the profile (launch overhead, efficiencies): a plain cost
-        model and the GPU type with the measured launch overhead; None where the profile has none."""
+        model and the GPU type with the measured launch overhead, plus the median per-op overhead of `tag
+        run`'s executor over the profiled steps (0 for a GPU profile); None where the profile has none."""
         if self.profile is None or not self.use_measured:
             return None
         gpu = gpu if isinstance(gpu, GPUType) else gpu_type(gpu)
@@ -78,7 +79,8 @@ class ProfiledCostModel(CostModel):
             return None
         model = CostModel(compute_efficiency=fit["compute_efficiency"], memory_efficiency=fit["memory_efficiency"],
                           dtype=self.dtype, use_measured=self.use_measured)
-        return model, dataclasses.replace(gpu, launch_overhead_s=fit["launch_overhead_s"])
+        executor = float(np.median([m.executor_overhead_s for m in device.models.values()])) if device.models else 0.0
+        return model, dataclasses.replace(gpu, launch_overhead_s=min(fit["launch_overhead_s"] + executor, 0.999))
 
     def reference_times(self, graph: OpGraph, gpu: GPUType | str) -> np.ndarray:
         times = self.measured(graph, gpu)
