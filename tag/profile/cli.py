@@ -88,42 +88,38 @@ def add_profile_parser(sub) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> dict:
+    import dataclasses
+
+    import torch
+
     from tag.cli import _output_path, _staged, _status
-    from tag.profile.data import load_profile
+    from tag.execute.program import resolve_program
+    from tag.profile.data import load_profile, save_profile
 
     out = _output_path(args.out, flag="--out", what="profile")
     previous = load_profile(out) if args.merge and os.path.exists(out) else None
-    import torch
-
     if args.device == "cuda" and not torch.cuda.is_available():
         raise TagError("--device cuda: this host has no CUDA device that torch can use")
     device_name = device_type_name(args.device, args.gpu_type)
-    from tag.execute.program import resolve_program
-
-    with _status(sys.stderr.isatty() and not args.json, "tracing the train step"):
+    shown = sys.stderr.isatty() and not args.json
+    with _status(shown, "tracing the train step"):
         program = resolve_program(args.model, tiny=args.tiny, batch_size=args.batch_size)
     times = _measure_ops(args, program)
     if args.device == "cpu" and not args.no_executor:  # what `tag run` on `local:N` adds to every op
-        import dataclasses
-
         from tag.profile.executor import executor_overhead
         from tag.profile.ops import single_thread
 
-        with _status(sys.stderr.isatty() and not args.json, "running the step through tag run's executor"), \
-                single_thread():
+        with _status(shown, "running the step through tag run's executor"), single_thread():
             times = dataclasses.replace(times, executor_overhead_s=executor_overhead(program, times))
     comm = {}
     if not args.no_comm:
         from tag.profile.comm import measure_comm
 
-        with _status(sys.stderr.isatty() and not args.json, f"timing communication between {args.processes} "
-                                                             "processes"):
+        with _status(shown, f"timing communication between {args.processes} processes"):
             comm = measure_comm(processes=args.processes, device=args.device)
     profile, payload = _assemble(args, program, times, comm, device_name)
     if previous is not None:
         profile = previous.merged(profile)
-    from tag.profile.data import save_profile
-
     try:
         save_profile(profile, _staged(args, str(out)))  # lands when the command succeeds
     except OSError as error:
