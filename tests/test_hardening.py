@@ -355,6 +355,17 @@ def test_user_module_that_exits_at_import(capfd, tmp_path):
                     folder=tmp_path, before={"quits.py"})
 
 
+def test_user_code_that_prints_leaves_json_clean(capfd, tmp_path):
+    user = write(tmp_path / "chatty.py", "import torch\nfrom torch import nn\nprint('at import')\n\n"
+                 "class Chatty(nn.Linear):\n    def forward(self, x):\n        print('in forward')\n"
+                 "        return super().forward(x)\n\n"
+                 "def build():\n    print('in build')\n    return Chatty(4, 2), (torch.randn(2, 4),), lambda out: out.sum()\n")
+    code, out, err = run_cli(capfd, "show", f"{user}:build", "--json")
+    assert code == 0, err
+    assert json.loads(out)["model"] == "build"
+    assert "at import" in err and "in build" in err and "in forward" in err
+
+
 # --------------------------------------------------------------------------------- 8. all outputs or none
 def test_a_failed_view_leaves_no_other_output(capfd, tmp_path, monkeypatch):
     def broken_gantt(*args, **kwargs):

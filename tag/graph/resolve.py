@@ -6,7 +6,9 @@ file (.json / .json.gz), a PipeDream profile (graph.txt), or MODULE:FUNCTION / p
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from pathlib import Path
 
 from tag._read import check_input_file, input_is_file
@@ -66,7 +68,9 @@ def resolve_model(text: str, *, batch_size: int | None = None, tiny: bool = Fals
             from tag.graph.user_code import load_user_step
 
             model, inputs, loss_fn, targets = load_user_step(text)
-            graph = trace(model, inputs, loss_fn, name=text.rsplit(":", 1)[-1], progress=progress, targets=targets)
+            with contextlib.redirect_stdout(sys.stderr):  # the user's forward may print; stdout is for --json
+                graph = trace(model, inputs, loss_fn, name=text.rsplit(":", 1)[-1], progress=progress,
+                              targets=targets)
         else:
             raise ModelError(
                 f"unknown model {text!r}: not a zoo model ({', '.join(MODELS)}), "

@@ -6,6 +6,7 @@ function, becomes one :class:`ModelError` naming the spec (never a silent exit w
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -68,14 +69,16 @@ def load_user_step(spec: str) -> tuple[nn.Module, tuple, Callable, tuple]:
     target, _, function_name = spec.rpartition(":")
     if not target or not function_name.isidentifier():
         raise SpecError(f"model spec {spec!r} must look like MODULE:FUNCTION or FILE.py:FUNCTION")
-    module = _import_spec(target)
+    with contextlib.redirect_stdout(sys.stderr):  # the user's prints must not break `--json` on stdout
+        module = _import_spec(target)
     function = getattr(module, function_name, None)
     if function is None:
         raise SpecError(f"{target} has no function {function_name!r}")
     if not callable(function):
         raise SpecError(f"{target}:{function_name} is a {type(function).__name__}, not a function")
     try:
-        result = function()
+        with contextlib.redirect_stdout(sys.stderr):
+            result = function()
     except (Exception, SystemExit) as error:
         raise ModelError(f"{spec} {describe_failure(error)}") from error
     if not isinstance(result, (tuple, list)) or len(result) not in (3, 4):
