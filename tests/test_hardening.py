@@ -116,6 +116,11 @@ def test_saved_cluster_with_an_id_past_64_bits(capfd, tmp_path):
     assert_one_line(capfd, ["show", "resnet101", "--cluster", path], "saved.json", "device_type", "64-bit")
 
 
+@pytest.mark.parametrize("preset", ["local:100000000000000000000", "local:1000000000", "mesh2d:100000x100000"])
+def test_huge_preset_sizes(capfd, preset):
+    assert_one_line(capfd, ["show", "resnet101", "--cluster", preset], "at most 4096")
+
+
 @pytest.mark.parametrize("seed", [str(2**63), str(10**30), "-1"])
 def test_seed_out_of_range(capfd, seed):
     assert_one_line(capfd, ["baselines", "vgg19", "--tiny", "--cluster", TOY, "--seed", seed], "--seed", "0..2^63-1")

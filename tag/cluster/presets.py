@@ -10,7 +10,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
-from tag.cluster.build import Link, Machine, build_cluster
+from tag.cluster.build import MAX_DEVICES, Link, Machine, build_cluster
 from tag.cluster.cluster import Cluster
 from tag.cluster.generators import grid_cluster, random_blk_1, random_blk_2, tag_random, uniform_dist
 from tag.cluster.gpus import GPU_TYPES, gpu_type
@@ -95,6 +95,8 @@ def local_cluster(processes: int = 2, *, gpu: str = "cpu", profile: Any = None, 
     placement plan places op groups on (one machine of N equal devices would be one device group, and a
     plan could only replicate, duplicate or split every op group over all N); each process's socket is
     its NIC, shared by the streams of one collective as the network model shares a NIC."""
+    if processes > MAX_DEVICES:  # checked before the list of machines is built
+        raise ClusterError(f"{processes} devices asked for; tag plans for at most {MAX_DEVICES}")
     curve = _profile_p2p(profile, gpu) if profile is not None else None
     if bandwidth is None:
         bandwidth = curve.bandwidth if curve is not None else LOCAL_BANDWIDTH
