@@ -14,7 +14,7 @@ from tag.cluster.build import MAX_DEVICES, Link, Machine, build_cluster
 from tag.cluster.cluster import Cluster
 from tag.cluster.generators import grid_cluster, random_blk_1, random_blk_2, tag_random, uniform_dist
 from tag.cluster.gpus import GPU_TYPES, gpu_type
-from tag.cluster.spec import SPEC_SUFFIXES, load_cluster
+from tag.cluster.spec import _BANDWIDTH, _MAX_LATENCY_S, SPEC_SUFFIXES, load_cluster
 from tag.errors import ClusterError, SpecError
 from tag.units import parse_bandwidth, parse_time
 
@@ -150,15 +150,16 @@ def _parse_profile(text: str) -> Any:
 
 def _parse_bandwidth(text: str) -> float:
     value = parse_bandwidth(text, what="bandwidth")
-    if not 0 < value < float("inf"):
-        raise ValueError(f"bandwidth must be positive and finite, got {text!r}")
+    low, high = _BANDWIDTH  # the range a spec file's bandwidths must be in
+    if not low <= value <= high:
+        raise ValueError(f"bandwidth must be in {low:g}..{high:g} bytes/s, got {text!r}")
     return value
 
 
 def _parse_latency(text: str) -> float:
     value = parse_time(text, what="latency")
-    if not 0 <= value < float("inf"):
-        raise ValueError(f"latency must be non-negative and finite, got {text!r}")
+    if not 0 <= value <= _MAX_LATENCY_S:
+        raise ValueError(f"latency must be in 0..{_MAX_LATENCY_S:g} s, got {text!r}")
     return value
 
 
