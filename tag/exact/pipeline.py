@@ -41,7 +41,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from tag.cluster.cluster import Cluster
-from tag.cost.comm import allreduce_time, hop_bandwidths
+from tag.cost.comm import allreduce_time
 from tag.cost.compute import CostModel
 from tag.exact.clustering import ALPHAS, cluster_operators
 from tag.exact.downsets import DEFAULT_DOWNSET_LIMIT, DownsetLimitError
@@ -52,8 +52,9 @@ from tag.exact.partition import (
     partition_parmesan,
     partition_pipedream,
 )
-from tag.exact.replicated import partition_replicated
+from tag.exact.placements import consecutive_placements
 from tag.exact.rannc import RannCSolution, blocks_from_groups, form_stage, rannc_dp, solution_stages
+from tag.exact.replicated import partition_replicated
 from tag.exact.schedules import BACKWARD, FORWARD, Action, stage_orders
 from tag.exact.stage_graph import (
     ADAM_MEMORY_COPIES,
@@ -433,46 +434,36 @@ def _partition(ctx: _Context, method: str, stages: int, replicas: int, micro_bat
                               downset_limit=downset_limit)
 
 
-def _placements(ctx: _Context, stages: int, replicas: int) -> list[tuple[str, list[list[int]], float]]:
-    """(name, rows [S][R], bandwidth of the stage links) of the two consecutive placements: stage-major
-    (stage s on the s-th run of R devices) and copy-major (pipeline copy i on the i-th run of S devices,
-    so neighbouring stages share a machine where S fits one, as PipeDream maps its copies)."""
-    devices = ctx.devices[:stages * replicas]
-    out = [("stage-major", [devices[s * replicas:(s + 1) * replicas] for s in range(stages)])]
-    if stages > 1 and replicas > 1:
-        out.append(("copy-major", [[devices[i * stages + s] for i in range(replicas)] for s in range(stages)]))
-    return [(name, rows, _link_bandwidth(ctx.cluster, rows)) for name, rows in out]
-
-
-def _link_bandwidth(cluster: Cluster, rows: list[list[int]]) -> float:
-    """Median bandwidth of the hops replica i of stage s → replica i of stage s + 1, NICs shared."""
-    hops = [(a[i], b[i]) for a, b in zip(rows, rows[1:]) for i in range(min(len(a), len(b)))]
-    return float(np.median(hop_bandwidths(cluster, hops))) if hops else float("inf")
-
-
 def _try(ctx: _Context, method: str, stages: int, replicas: int, micro_batches: int,
          alpha: float, downset_limit: int) -> _Candidate | None:
     """The partitioner's cut of (S, R, M) for each price of a boundary byte (the planning bandwidth, each
     placement's stage-link bandwidth, and free: eq. (3) adds the transfers to the compute, where the
-    simulator overlaps them, so a compute-balanced cut can win), each simulated on both consecutive
-    placements; the fastest. None when no price gives a partition."""
-    placements = _placements(ctx, stages, replicas)
-    prices = list(dict.fromkeys([ctx.bandwidth, *(bw for _, _, bw in placements), float("inf")]))
+    simulator overlaps them, so a compute-balanced cut can win), each simulated on the consecutive
+    placements it was priced for (the free cut on both); the fastest. None when no price gives a
+    partition."""
+    placements = consecutive_placements(ctx.cluster, ctx.devices, stages, replicas)
+    # (price, placements its cut is simulated on): the planning bandwidth on the stage-major placement
+    # (Parmesan's own), each placement's link bandwidth on that placement, free transfers on both
+    prices: dict[float, list[int]] = {ctx.bandwidth: [0]}
+    for k, (_, _, bandwidth) in enumerate(placements):
+        prices.setdefault(bandwidth, []).append(k)
+    prices.setdefault(float("inf"), []).extend(range(len(placements)))
     best: _Candidate | None = None
-    seen: set[bytes] = set()
-    for bandwidth in prices:
+    seen: set[tuple[bytes, int]] = set()
+    for bandwidth, where in prices.items():
         try:
             part = _partition(ctx, method, stages, replicas, micro_batches, alpha, downset_limit, bandwidth)
         except (PartitionError, DownsetLimitError) as error:
             log.info("S=%d R=%d M=%d alpha=%s: %s", stages, replicas, micro_batches, alpha, error)
             ctx.failures.append(f"S={stages} R={replicas} M={micro_batches}: {error}")
             continue
-        if part.forward_stage.tobytes() in seen:
-            continue
-        seen.add(part.forward_stage.tobytes())
         info = {**part.info, "dp_cost_s": part.dp_cost, "partition_max_stage_time_s": part.max_stage_time,
                 "partition_bandwidth": bandwidth}
-        for name, rows, _ in placements:
+        for k in dict.fromkeys(where):
+            if (part.forward_stage.tobytes(), k) in seen:
+                continue
+            seen.add((part.forward_stage.tobytes(), k))
+            name, rows, _ = placements[k]
             candidate = _evaluate(ctx, part.forward_stage, replicas, micro_batches, {**info, "placement": name}, rows)
             if best is None or candidate.key() < best.key():
                 best = candidate
