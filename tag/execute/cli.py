@@ -23,7 +23,8 @@ def add_run_parser(sub) -> None:
     p.add_argument("--batch-size", type=steps, default=None, help="global batch size (default: the model's)")
     p.add_argument("--cluster", required=True, help="the cluster the plan was made for (preset or spec file)")
     p.add_argument("--nproc", type=steps, help="processes to start (must be the plan's device count)")
-    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo", help="torch.distributed backend")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
+                   help="torch.distributed backend: gloo (ranks on the CPU) or nccl (one GPU per rank)")
     p.add_argument("--runtime", choices=("auto", "torch", "tag"), default="auto",
                    help="pipeline plans: torch.distributed.pipelining (chains of equal replicas, GPipe/1F1B), "
                         "tag's micro-batch runtime (any pipeline), or auto: torch's where it can (default)")
@@ -51,7 +52,6 @@ def cmd_run(args: argparse.Namespace) -> dict:
 
         if not torch.cuda.is_available():
             raise ExecutionError("--backend nccl needs CUDA devices; this host has none (use gloo)")
-        raise ExecutionError("--backend nccl: ranks run on the CPU in this version; use gloo")
     if args.port is not None:
         check_port(args.port)
     cluster = resolve_cluster(args.cluster)

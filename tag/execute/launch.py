@@ -27,7 +27,7 @@ import torch.multiprocessing as mp
 from tag.execute.lower import ExecutionError, RankProgram
 
 __all__ = ["run_ranks", "WorkerPool", "free_port", "check_port", "DEFAULT_TIMEOUT_S", "launch", "torchrun_rank",
-           "run_torchrun"]
+           "run_torchrun", "rank_device"]
 
 DEFAULT_TIMEOUT_S = 120.0  # a collective or receive that waits longer fails the run
 _POLL_S = 0.05
@@ -53,7 +53,7 @@ def check_port(port: int) -> None:
 def _run_rank(rank: int, world: int, port: int, backend: str, program, tensors: dict, steps: int,
               timeout_s: float, out_dir: str, faults: dict | None = None) -> None:
     """Body of one rank: join the group, run ``steps`` steps, write results or the error to ``out_dir``.
-    ``program``: a :class:`RankProgram`, or anything with ``make_runtime(tensors)`` giving an object with
+    ``program``: a :class:`RankProgram`, or anything with ``make_runtime(tensors, device)`` giving an object with
     ``step()``, ``carry()`` and ``describe()`` (a torch pipeline stage, :mod:`tag.execute.torch_pipeline`)."""
     import torch.distributed as dist
 
@@ -62,10 +62,11 @@ def _run_rank(rank: int, world: int, port: int, backend: str, program, tensors: 
     torch.set_num_threads(1)
     runtime = None
     try:
+        device = rank_device(backend, rank)
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
+                                timeout=datetime.timedelta(seconds=timeout_s), **_device_id(device))
         try:
-            runtime = program.make_runtime(tensors)
+            runtime = program.make_runtime(tensors, device)
             _inject(faults, rank, runtime)
             results, times = timed_steps(runtime, steps, _progress_file(Path(out_dir)) if rank == 0 else None)
             torch.save({"rank": rank, "results": results, "times": times}, Path(out_dir) / f"rank{rank}.pt")
@@ -78,6 +79,24 @@ def _run_rank(rank: int, world: int, port: int, backend: str, program, tensors: 
         (Path(out_dir) / f"rank{rank}.error").write_text(message + "\n" + traceback.format_exc()[-4000:])
         if isinstance(error, KeyboardInterrupt):
             raise
+
+
+def rank_device(backend: str, local_rank: int) -> torch.device:
+    """Where a rank computes: the CPU under gloo; under NCCL its own GPU of this host (local rank k takes GPU
+    k), made the current CUDA device."""
+    if backend != "nccl":
+        return torch.device("cpu")
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise ExecutionError(f"local rank {local_rank} needs GPU {local_rank}; this host has {count} (start fewer "
+                             "processes per host, several hosts with torchrun)")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def _device_id(device: torch.device) -> dict:
+    """init_process_group's ``device_id`` for a GPU rank (NCCL binds the group to it); none on the CPU."""
+    return {"device_id": device} if device.type == "cuda" else {}
 
 
 def _progress_file(out_dir: Path):
@@ -231,13 +250,14 @@ def run_torchrun(programs: list, tensors: dict, *, steps: int = 1, backend: str 
         raise ExecutionError(f"torchrun started {world} processes; the plan has {len(programs)} ranks "
                              f"(give --nproc-per-node × --nnodes = {len(programs)})")
     torch.set_num_threads(1)
+    device = rank_device(backend, int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group(backend, init_method="env://", rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=timeout_s))
+                            timeout=datetime.timedelta(seconds=timeout_s), **_device_id(device))
     runtime = None
     try:
         shared = [tensors if rank == 0 else None]
         dist.broadcast_object_list(shared, src=0)
-        runtime = programs[rank].make_runtime(shared[0])
+        runtime = programs[rank].make_runtime(shared[0], device)
         results, times = timed_steps(runtime, steps, progress if rank == 0 else None)
         reports = [None] * world if rank == 0 else None
         dist.gather_object({"rank": rank, "results": results, "times": times}, reports, dst=0)

@@ -151,11 +151,11 @@ class RankProgram:
     outputs: dict  # name -> (reference JSON, base op): the step results this rank reports
     groups: list = field(default_factory=list)  # member tuples of every Reduce, in one order for new_group
 
-    def make_runtime(self, tensors: dict):
-        """The interpreter that runs this program in a rank process."""
+    def make_runtime(self, tensors: dict, device=None):
+        """The interpreter that runs this program in a rank process, on ``device`` (default the CPU)."""
         from tag.execute.runtime import RankRuntime
 
-        return RankRuntime(self, tensors)
+        return RankRuntime(self, tensors, device)
 
     def communication(self) -> list[tuple]:
         """(task, kind, endpoints, bytes, tensors) of every transfer and collective this rank starts:

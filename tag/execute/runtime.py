@@ -29,15 +29,16 @@ def _target(name: str):
     return getattr(getattr(getattr(torch.ops, namespace), op), overload)
 
 
-def decode(value: Any, resolve) -> Any:
-    """A JSON argument of an op record → Python/torch values; ``resolve(op, out)`` gives references."""
+def decode(value: Any, resolve, device: torch.device | None = None) -> Any:
+    """A JSON argument of an op record → Python/torch values; ``resolve(op, out)`` gives references, and a
+    recorded device becomes ``device`` (the rank's own; default the CPU)."""
     if isinstance(value, list):
-        return [decode(v, resolve) for v in value]
+        return [decode(v, resolve, device) for v in value]
     if isinstance(value, dict):
         if "ref" in value:
             return resolve(int(value["ref"]), int(value["out"]))
         if "expr" in value:
-            return call_record(value["expr"], resolve)
+            return call_record(value["expr"], resolve, device)
         if "dtype" in value:
             return _dtype(value["dtype"])
         if "layout" in value:
@@ -45,16 +46,16 @@ def decode(value: Any, resolve) -> Any:
         if "memory_format" in value:
             return getattr(torch, value["memory_format"].split(".")[-1])
         if "device" in value:
-            return torch.device("cpu")  # a rank runs on its own device
+            return device or torch.device("cpu")  # a rank runs on its own device
         if "float" in value:
             return float(value["float"])
-        return {k: decode(v, resolve) for k, v in value.items()}
+        return {k: decode(v, resolve, device) for k, v in value.items()}
     return value
 
 
-def call_record(record: dict, resolve) -> Any:
-    args = decode(record["args"], resolve)
-    kwargs = {k: decode(v, resolve) for k, v in record["kwargs"].items()}
+def call_record(record: dict, resolve, device: torch.device | None = None) -> Any:
+    args = decode(record["args"], resolve, device)
+    kwargs = {k: decode(v, resolve, device) for k, v in record["kwargs"].items()}
     if record["target"] == "getitem":
         return args[0]
     return _target(record["target"])(*args, **kwargs)
@@ -75,13 +76,15 @@ class _Inbox:
 class RankRuntime:
     """Runs one rank's program step after step; ``tensors``: placeholder name → value at the global batch."""
 
-    def __init__(self, program: RankProgram, tensors: dict[str, torch.Tensor]) -> None:
+    def __init__(self, program: RankProgram, tensors: dict[str, torch.Tensor], device: torch.device | None = None
+                 ) -> None:
         self.program = program
         self.rank = program.rank
+        self.device = device or torch.device("cpu")
         self.values: dict[int, Any] = {}
         for op, (name, rows) in program.inputs.items():
             value = tensors[name]
-            self.values[op] = value if rows is None else value[rows[0]:rows[1]]
+            self.values[op] = (value if rows is None else value[rows[0]:rows[1]]).to(self.device)
         self.groups = {members: dist.new_group(list(members)) for members in program.groups}
         self.current = None  # the instruction running (for error reports)
 
@@ -111,11 +114,11 @@ class RankRuntime:
         for work in pending:
             work.wait()
         self.current = None
-        return {name: self._local(ref).detach().clone() for name, (ref, _) in self.program.outputs.items()}
+        return {name: self._local(ref).detach().to("cpu", copy=True) for name, (ref, _) in self.program.outputs.items()}
 
     def _local(self, ref: dict) -> torch.Tensor:
         """A reference (or folded view of one) evaluated on this rank's own values."""
-        return decode(ref, lambda p, out: _out(self.values[p], out))
+        return decode(ref, lambda p, out: _out(self.values[p], out), self.device)
 
     def carry(self) -> None:
         """Inputs of the next step: updated parameters, optimizer states and buffers."""
@@ -165,7 +168,7 @@ class RankRuntime:
                 cache[key] = self._read(p, out, c.reads[p])
             return cache[key]
 
-        value = call_record(record, resolve)
+        value = call_record(record, resolve, self.device)
         for out, factor in c.scale_out:
             if isinstance(value, (tuple, list)):
                 value = tuple(v * factor if k == out else v for k, v in enumerate(value))
@@ -195,7 +198,7 @@ class RankRuntime:
                 value = _add(parts)
             else:
                 shape, dtype = next((s, d) for k, s, d in read.zeros if k == out)
-                value = torch.zeros(shape, dtype=_dtype(dtype))
+                value = torch.zeros(shape, dtype=_dtype(dtype), device=self.device)
         return value
 
     def _rows(self, p: int, out: int, read: Read) -> torch.Tensor:
@@ -247,7 +250,7 @@ class RankRuntime:
         for item in r.items:
             tensors = {}
             for k, shape, dtype, _, _ in item.outs:
-                buffer = torch.empty(shape, dtype=_dtype(dtype))
+                buffer = torch.empty(shape, dtype=_dtype(dtype), device=self.device)
                 dist.recv(buffer, r.src)
                 tensors[k] = buffer
             self._store(item, tensors)

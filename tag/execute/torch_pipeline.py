@@ -98,8 +98,8 @@ class StageJob:
     device: int = -1  # the plan's device of this replica
     keys: list = field(default_factory=list)  # parameter keys of the stage, in order
 
-    def make_runtime(self, tensors: dict) -> TorchStageRuntime:
-        return TorchStageRuntime(self, tensors)
+    def make_runtime(self, tensors: dict, device: torch.device | None = None) -> TorchStageRuntime:
+        return TorchStageRuntime(self, tensors, device or torch.device("cpu"))
 
 
 def _forward_ops(program: Program, stage_of: np.ndarray) -> list[list[int]]:
@@ -152,24 +152,41 @@ def stage_jobs(program: Program, view: PipelineView) -> list[StageJob]:
     return jobs
 
 
+class _ContiguousGrad(torch.autograd.Function):
+    """Identity whose gradient is made contiguous: the gradient of a stage input is sent back to the previous
+    stage as it is laid out, and a transposed one cannot be received into a plain buffer."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.contiguous()
+
+
+def _contiguous_grad(x):
+    return _ContiguousGrad.apply(x) if isinstance(x, torch.Tensor) and x.requires_grad else x
+
+
 class _StageModule(nn.Module):
     """One stage's forward calls replayed on its own parameters."""
 
-    def __init__(self, job: StageJob, tensors: dict) -> None:
+    def __init__(self, job: StageJob, tensors: dict, device: torch.device) -> None:
         super().__init__()
-        self.job = job
-        self.weights = nn.ParameterList([nn.Parameter(tensors[f"parameter:{key}"].detach().clone())
+        self.job, self.device = job, device
+        self.weights = nn.ParameterList([nn.Parameter(tensors[f"parameter:{key}"].detach().to(device, copy=True))
                                          for key in job.keys])
         self.param_index = {op: k for k, op in enumerate(job.params)}
-        self.constants = {op: tensors[name] for op, name in job.constants.items()}
+        self.constants = {op: tensors[name].to(device) for op, name in job.constants.items()}
         lo, hi = job.rows
-        self.local = {op: tensors[name][lo:hi] for op, name in job.data} if job.stage else {}
+        self.local = {op: tensors[name][lo:hi].to(device) for op, name in job.data} if job.stage else {}
         self.micro_batch = 0  # set by _Stage before each forward pass (shape inference keeps the last)
 
     def forward(self, *args: torch.Tensor):
         from tag.execute.runtime import call_record, decode
 
-        given = dict(zip(self.job.inputs, args))
+        given = dict(zip(self.job.inputs, (_contiguous_grad(a) for a in args)))
         if self.local:
             rows, m = (self.job.rows[1] - self.job.rows[0]) // self.job.micro_batches, self.micro_batch
             given.update({(op, 0): value[m * rows:(m + 1) * rows] for op, value in self.local.items()})
@@ -186,10 +203,10 @@ class _StageModule(nn.Module):
             return value[out] if isinstance(value, (tuple, list)) else value
 
         for op in self.job.ops:
-            values[op] = call_record(self.job.records[op], resolve)
+            values[op] = call_record(self.job.records[op], resolve, self.device)
         if self.job.loss is not None:
-            return decode(self.job.loss, resolve)
-        return tuple(resolve(p, out) for p, out in self.job.outputs)
+            return decode(self.job.loss, resolve, self.device)
+        return tuple(resolve(p, out).contiguous() for p, out in self.job.outputs)  # sent as they are laid out
 
 
 def _stage_class():
@@ -208,25 +225,24 @@ def _stage_class():
 class TorchStageRuntime:
     """Runs a :class:`StageJob` step after step (the rank runtime's interface: step, carry, describe)."""
 
-    def __init__(self, job: StageJob, tensors: dict) -> None:
+    def __init__(self, job: StageJob, tensors: dict, device: torch.device) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.pipelining import Schedule1F1B, ScheduleGPipe
 
         self.job = job
         self.current = "start-up"
-        mesh = init_device_mesh("cpu", (job.replicas, job.num_stages), mesh_dim_names=("dp", "pp"))
+        mesh = init_device_mesh(device.type, (job.replicas, job.num_stages), mesh_dim_names=("dp", "pp"))
         self.dp_group = mesh["dp"].get_group()
-        self.module = _StageModule(job, tensors)
-        stage = _stage_class()(self.module, job.stage, job.num_stages, torch.device("cpu"),
-                               group=mesh["pp"].get_group())
+        self.module = _StageModule(job, tensors, device)
+        stage = _stage_class()(self.module, job.stage, job.num_stages, device, group=mesh["pp"].get_group())
         schedule = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[job.schedule]
         self.schedule = schedule(stage, n_microbatches=job.micro_batches, loss_fn=lambda out, target: out,
                                  scale_grads=True)
         lo, hi = job.rows
-        self.data = [tensors[name][lo:hi] for _, name in job.data]
-        self.target = torch.zeros(hi - lo)
-        self.exp_avg = [tensors[f"exp_avg:{key}"].clone() for key in job.keys]
-        self.exp_avg_sq = [tensors[f"exp_avg_sq:{key}"].clone() for key in job.keys]
+        self.data = [tensors[name][lo:hi].to(device) for _, name in job.data]
+        self.target = torch.zeros(hi - lo, device=device)
+        self.exp_avg = [tensors[f"exp_avg:{key}"].to(device, copy=True) for key in job.keys]
+        self.exp_avg_sq = [tensors[f"exp_avg_sq:{key}"].to(device, copy=True) for key in job.keys]
 
     def step(self) -> dict[str, torch.Tensor]:
         import torch.distributed as dist
@@ -249,7 +265,7 @@ class TorchStageRuntime:
             if job.replicas > 1:
                 dist.all_reduce(grad, group=self.dp_group)
                 grad = grad / job.replicas
-            out[f"grads:{key}"] = grad.detach().clone()
+            out[f"grads:{key}"] = grad.detach().clone()  # moved to the CPU below, after the update
         self.current = f"the optimizer of stage {job.stage}"
         with torch.no_grad():
             for k, (key, p) in enumerate(zip(job.keys, self.module.weights)):
@@ -264,7 +280,7 @@ class TorchStageRuntime:
                 loss = loss / job.replicas
             out["loss:loss"] = loss
         self.current = None
-        return out
+        return {name: value.to("cpu") for name, value in out.items()}
 
     def carry(self) -> None:
         """Parameters and optimizer states stay in the module between steps."""
