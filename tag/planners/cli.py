@@ -115,6 +115,13 @@ def _seconds(value: float) -> str:
     return f"{value:.1f} s" if value >= 0.1 else f"{value * 1e3:.0f} ms"
 
 
+def _iteration(value: float) -> str:
+    """Four significant digits, so that the table fits 80 columns."""
+    if value >= 10:
+        return f"{value:.1f} s"
+    return f"{value * 1e3:.4g} ms" if value >= 1e-3 else f"{value * 1e6:.4g} us"
+
+
 def _render(payload: dict) -> None:
     from rich import box
     from rich.table import Table
@@ -138,7 +145,7 @@ def _render(payload: dict) -> None:
         mark = (row["family"], row["planner"]) == chosen
         oom = "" if row["feasible"] else " [red]OOM[/]"
         table.add_row(family, f"[bold green]{row['planner']}[/]" if mark else row["planner"], row["shape"],
-                      format_time(row["iteration_time_s"]) + oom, f"{row['bound_ratio']:.2f}",
+                      _iteration(row["iteration_time_s"]) + oom, f"{row['bound_ratio']:.2f}",
                       format_bytes(row["peak_memory_bytes"]), _seconds(row["planning_time_s"]))
     console = cli._console()
     console.print(table)

@@ -110,7 +110,7 @@ def data_parallel_candidates(graph: OpGraph, cluster: Cluster, *, config: PlanCo
     out = []
     for b in results:
         out.append(Candidate("data-parallel", b.name, float(b.iteration_time_s), not b.oom, float(b.peak_memory.max()),
-                             seconds, b, f"{cluster.num_devices} replicas", b.note,
+                             seconds, b, f"1x{cluster.num_devices}", b.note,
                              info={"group_graph": group_graph}))
     return out
 
