@@ -271,18 +271,20 @@ class RankRuntime:
         """The collective over ``r.members``; this rank's partial is the sum of its values ``ops`` (several
         micro-batches of a pipeline stage, one op of a placement), the result filed under every use."""
         group = self.groups[r.members] if len(r.members) > 1 else None
-        for uses, ops, outs in r.items:
-            result = {}
-            for k, *_ in outs:
-                tensor = _add([_out(self.values[p], k) for p in ops]).detach().clone().contiguous()
-                if group is None:
-                    pass  # every partial is on this rank
-                elif r.kind == "allreduce":
-                    dist.all_reduce(tensor, group=group)
+        partials = [[_add([_out(self.values[p], k) for p in ops]).detach() for k, *_ in outs] for _, ops, outs in r.items]
+        if group is not None:  # one collective per dtype over the task's tensors packed flat (as a fused task is)
+            for dtype in dict.fromkeys(t.dtype for row in partials for t in row):
+                tensors = [t for row in partials for t in row if t.dtype == dtype]
+                flat = torch.cat([t.reshape(-1) for t in tensors])
+                if r.kind == "allreduce":
+                    dist.all_reduce(flat, group=group)
                 else:
-                    dist.reduce(tensor, dst=r.server, group=group)
-                    dist.broadcast(tensor, src=r.server, group=group)
-                result[k] = tensor
+                    dist.reduce(flat, dst=r.server, group=group)
+                    dist.broadcast(flat, src=r.server, group=group)
+                summed = iter(flat.split([t.numel() for t in tensors]))
+                partials = [[next(summed).view_as(t) if t.dtype == dtype else t for t in row] for row in partials]
+        for (uses, _, outs), row in zip(r.items, partials):
+            result = {k: (t if group is not None else t.clone()) for (k, *_), t in zip(outs, row)}
             for q in uses:
                 self.inbox.setdefault(q, _Inbox()).result = result
 
