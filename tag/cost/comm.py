@@ -38,6 +38,7 @@ from tag.errors import ClusterError
 __all__ = [
     "p2p_time",
     "ring_allreduce_time",
+    "ring_parameters",
     "ps_push_pull_time",
     "chain_broadcast_time",
     "transfer_time",
@@ -148,14 +149,22 @@ def allreduce_time(cluster: Any, devices: Sequence[int], nbytes: float) -> float
 
     β is the slowest ring hop after NIC sharing, α the largest hop latency.
     """
-    ring = _devices(cluster, devices, "allreduce_time")
-    n = len(ring)
+    n, bandwidth, latency = ring_parameters(cluster, devices)
     if n <= 1 or nbytes == 0:
         return 0.0
-    hops = [(ring[k], ring[(k + 1) % n]) for k in range(n)]
-    bandwidth = float(hop_bandwidths(cluster, hops).min())
-    latency = max(float(cluster.latency[a, b]) for a, b in hops)
     return ring_allreduce_time(nbytes, n, bandwidth, latency)
+
+
+def ring_parameters(cluster: Any, devices: Sequence[int]) -> tuple[int, float, float]:
+    """(n, β, α) of the ring over ``devices`` in the order given that :func:`allreduce_time` prices:
+    β the slowest hop after NIC sharing, α the largest hop latency (inf, 0 for one device); for pricing
+    many all-reduces over one ring with :func:`ring_allreduce_time`."""
+    ring = _devices(cluster, devices, "allreduce_time")
+    n = len(ring)
+    if n <= 1:
+        return n, float("inf"), 0.0
+    hops = [(ring[k], ring[(k + 1) % n]) for k in range(n)]
+    return n, float(hop_bandwidths(cluster, hops).min()), max(float(cluster.latency[a, b]) for a, b in hops)
 
 
 def ps_time(cluster: Any, devices: Sequence[int], ps_device: int, nbytes: float) -> float:

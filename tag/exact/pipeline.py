@@ -41,7 +41,7 @@ from typing import Any, Callable, NamedTuple, Sequence
 import numpy as np
 
 from tag.cluster.cluster import Cluster
-from tag.cost.comm import allreduce_time
+from tag.cost.comm import allreduce_time, ring_allreduce_time, ring_parameters
 from tag.cost.compute import CostModel
 from tag.exact.clustering import ALPHAS, cluster_operators
 from tag.exact.downsets import DEFAULT_DOWNSET_LIMIT, DownsetLimitError
@@ -282,12 +282,13 @@ def _add_bucket_sync(builder: TaskGraphBuilder, sg: StageGraph, cluster: Cluster
     all-reduce and the whole backward pass are done (an update never delays the backward pieces, whose
     end the previous stage waits for)."""
     buckets = sg.buckets
+    ring = ring_parameters(cluster, row)  # priced once: every bucket goes round the same ring
     for j, k in enumerate(buckets.of_stage(s).tolist()):
         ready = [pieces[r][j] for r in range(len(row))]
         nbytes = float(buckets.nbytes[k])
         sync = None
         if nbytes > 0:
-            sync = builder.collective(row, allreduce_time(cluster, row, nbytes), op="allreduce", nbytes=nbytes,
+            sync = builder.collective(row, ring_allreduce_time(nbytes, *ring), op="allreduce", nbytes=nbytes,
                                       deps=ready, name=f"s{s}.allreduce.{j}", label=f"{s}AR", group=s)
         for r, device in enumerate(row):
             seconds = float(buckets.optimizer_time[k, type_of[device]])
