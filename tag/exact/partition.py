@@ -376,12 +376,14 @@ def partition_parmesan(fg: ForwardGraph, *, stages: int, replicas: int = 1, micr
                        capacity: float = np.inf, bandwidth: float, reference_type: int = 0,
                        num_hyper_ops: int | None = None, alpha: float = 1.0, refine: bool = True,
                        schedule: str = "1f1b", downset_limit: int = DEFAULT_DOWNSET_LIMIT,
-                       max_moves: int = DEFAULT_MAX_MOVES) -> PartitionResult:
+                       max_moves: int = DEFAULT_MAX_MOVES, clusterings: dict | None = None) -> PartitionResult:
     """Parmesan's flow for one α: cluster to K hyper-ops, DP over their downsets, refine at op level.
 
     Stage times are per micro-batch of 1 / (M · R) of the graph's batch on ``gpu_types[reference_type]``;
     ``bandwidth`` (bytes/s) prices the boundary tensors. When the hyper-op graph has more than
-    ``downset_limit`` downsets, K is lowered (by a quarter at a time) until it fits.
+    ``downset_limit`` downsets, K is lowered (by a quarter at a time) until it fits. ``clusterings``: a
+    dict the caller keeps across calls on the same ``fg``, holding each clustering by what it depends on
+    (M · R, the price, K, α, the capacity), so configurations that share them cluster once.
     """
     _check_request(fg, stages, replicas, micro_batches)
     timings: dict[str, float] = {}
@@ -392,9 +394,14 @@ def partition_parmesan(fg: ForwardGraph, *, stages: int, replicas: int = 1, micr
     k = min(fg.num_nodes, num_hyper_ops or max(48, 3 * stages))
     while True:
         start = time.perf_counter()
-        group = cluster_operators(fg.num_nodes, fg.edge_src, fg.edge_dst, node_cost=costs.cost,
-                                  edge_comm=costs.edge_bytes * comm_scale, num_clusters=k, alpha=alpha,
-                                  node_memory=costs.static + costs.activation, memory_limit=capacity)
+        key = (micro_batches * replicas, reference_type, comm_scale, k, alpha, capacity)
+        group = None if clusterings is None else clusterings.get(key)
+        if group is None:
+            group = cluster_operators(fg.num_nodes, fg.edge_src, fg.edge_dst, node_cost=costs.cost,
+                                      edge_comm=costs.edge_bytes * comm_scale, num_clusters=k, alpha=alpha,
+                                      node_memory=costs.static + costs.activation, memory_limit=capacity)
+            if clusterings is not None:
+                clusterings[key] = group
         timings["clustering_s"] = time.perf_counter() - start
         start = time.perf_counter()
         num_groups = int(group.max()) + 1

@@ -384,6 +384,7 @@ class _Context:
     downset_limit: int
     links: str = "data"  # StageGraph stage edges (tag.exact.stage_graph, Links)
     log: list[dict[str, Any]] = field(default_factory=list)  # one entry per simulated candidate
+    clusterings: dict = field(default_factory=dict)  # Parmesan's operator clusterings (partition_parmesan)
     failures: list[str] = field(default_factory=list)  # why candidates could not be partitioned
 
 
@@ -432,7 +433,7 @@ def _partition(ctx: _Context, method: str, stages: int, replicas: int, micro_bat
     if method == "pipedream":
         return partition_pipedream(ctx.fg, **common)
     return partition_parmesan(ctx.fg, **common, alpha=alpha, num_hyper_ops=ctx.num_hyper_ops,
-                              downset_limit=downset_limit)
+                              downset_limit=downset_limit, clusterings=ctx.clusterings)
 
 
 def _try(ctx: _Context, method: str, stages: int, replicas: int, micro_batches: int,
