@@ -638,9 +638,15 @@ def cmd_pipeline(args: argparse.Namespace) -> dict:
         return _graph_pipeline(args, graph, cluster)
     mapper = make_mapper(args.mapper, time_limit=args.time_limit, policy=args.mapper_policy)
     with _status(sys.stderr.isatty() and not args.json, f"planning a pipeline of {graph.meta.get('model', args.model)}"):
-        plan = plan_pipeline(graph, cluster, stages=args.stages, replicas=args.replicas, auto=args.auto,
-                             partitioner=args.partitioner, mapper=mapper, micro_batches=args.micro_batches,
-                             schedule=args.schedule, seed=args.seed, links=args.links, cost=cost)
+        options = dict(stages=args.stages, replicas=args.replicas, auto=args.auto, mapper=mapper,
+                       micro_batches=args.micro_batches, schedule=args.schedule, seed=args.seed, links=args.links,
+                       cost=cost)
+        if args.partitioner == "best":  # every sequential partitioner, the fastest plan (the planners layer)
+            from tag.planners import fastest_pipeline
+
+            plan = fastest_pipeline(graph, cluster, **options)
+        else:
+            plan = plan_pipeline(graph, cluster, partitioner=args.partitioner, **options)
     sg = plan.stage_graph
     per_stage, _ = mapped_stage_times(sg, cluster, plan.mapping, plan.instantiation)
     ops = np.bincount(sg.assignment if sg.assignment.size else sg.forward_assignment, minlength=sg.num_stages)
@@ -946,8 +952,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--auto", action="store_true", help="search (S, R, micro-batches) by simulation (the default "
                                                        "when neither --stages nor --replicas is given)")
     p.add_argument("--micro-batches", type=_micro_batches, metavar="M", help="micro-batches (default: searched)")
-    p.add_argument("--partitioner", choices=(*_pipeline_choices("PARTITIONERS"), "graphpipe"), default="parmesan",
-                   help="stage partitioner (default parmesan; graphpipe: stages that form a graph, GraphPipe)")
+    p.add_argument("--partitioner", choices=(*_pipeline_choices("PARTITIONERS"), "best", "graphpipe"),
+                   default="parmesan", help="stage partitioner (default parmesan; best: each of parmesan, pipedream "
+                                            "and rannc, the fastest plan; graphpipe: stages that form a graph)")
     p.add_argument("--mapper", choices=_pipeline_choices("MAPPERS"), default="exact",
                    help="stage-to-device mapper (default exact: provably optimal or its gap; learned: GNN + MCTS; "
                         "learned-fast: its fast setting, about a tenth of exact's time at 64 devices)")

@@ -132,3 +132,13 @@ def test_tag_plan_table_fits_80_columns(capfd):
     out = capfd.readouterr().out
     assert "compute bound" in out and "chosen: pipeline" in out
     assert max(len(line) for line in out.splitlines()) <= 80
+
+
+@needs_profiles
+def test_tag_pipeline_best_is_the_fastest_partitioner(capsys):
+    common = (str(PROFILES / "resnet50.graph.txt"), "--cluster", "examples/toy4.yaml", "--mapper", "cs")
+    best = run_json(capsys, "pipeline", *common, "--partitioner", "best")
+    each = {p: run_json(capsys, "pipeline", *common, "--partitioner", p)["iteration_time_s"]
+            for p in ("parmesan", "pipedream", "rannc")}
+    assert best["iteration_time_s"] == pytest.approx(min(each.values()), rel=1e-12)
+    assert best["partitioner"] in each and each[best["partitioner"]] == pytest.approx(best["iteration_time_s"])

@@ -30,7 +30,7 @@ from tag.planner import COMPARED_BASELINES, PlanConfig, PlanOutcome, Priors, pla
 from tag.search import ProgressCallback
 
 __all__ = ["Candidate", "FAMILIES", "PIPELINE_PARTITIONERS", "placement_candidates", "data_parallel_candidates",
-           "pipeline_candidates", "graph_pipeline_candidates", "branches"]
+           "pipeline_candidates", "graph_pipeline_candidates", "branches", "fastest_pipeline"]
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,28 @@ def pipeline_candidates(graph: OpGraph, cluster: Cluster, *, cost: CostModel | N
                              float(plan.result.peak_memory.max()), time.perf_counter() - start, plan,
                              _pipeline_shape(plan)))
     return out
+
+
+def fastest_pipeline(graph: OpGraph, cluster: Cluster, *, partitioners: tuple[str, ...] = PIPELINE_PARTITIONERS,
+                     **options: Any):
+    """The fastest feasible :func:`tag.exact.plan_pipeline` plan over ``partitioners`` (``options`` go to
+    each run); ``info["partitioners"]`` says what each found. Raises the last PartitionError when none
+    finds a plan."""
+    best, found, error = None, {}, None
+    for partitioner in partitioners:
+        try:
+            plan = plan_pipeline(graph, cluster, partitioner=partitioner, **options)
+        except PartitionError as failure:
+            found[partitioner], error = str(failure), failure
+            continue
+        found[partitioner] = plan.iteration_time
+        if best is None or (not plan.result.feasible, plan.iteration_time) < \
+                (not best.result.feasible, best.iteration_time):
+            best = plan
+    if best is None:
+        raise error
+    best.info["partitioners"] = found
+    return best
 
 
 def graph_pipeline_candidates(graph: OpGraph, cluster: Cluster, *, cost: CostModel | None = None) -> list[Candidate]:
