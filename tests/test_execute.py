@@ -245,6 +245,14 @@ def with_targets():
 def captured_targets():
     model, x, y = _parts()
     return model, (x,), lambda out: F.cross_entropy(out, y)
+
+
+def centred():
+    """Outputs centred on their batch mean, the mean held constant: a batch-wide statistic in the loss."""
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.Tanh(), nn.Linear(16, 16), nn.Tanh(), nn.Linear(16, 3))
+    x = torch.randn(8, 6, generator=torch.Generator().manual_seed(1))
+    return model, (x,), lambda out: ((out - out.mean(0).detach()) ** 2).mean()
 '''
 
 

@@ -22,7 +22,8 @@ def add_run_parser(sub) -> None:
     p.add_argument("--tiny", action="store_true", help="the zoo model's tiny variant")
     p.add_argument("--batch-size", type=steps, default=None, help="global batch size (default: the model's)")
     p.add_argument("--cluster", required=True, help="the cluster the plan was made for (preset or spec file)")
-    p.add_argument("--nproc", type=steps, help="processes to start (must be the plan's device count)")
+    p.add_argument("--nproc", type=steps, help="processes to start (must be what the plan runs: its device count, "
+                                               "or its stage replicas on torch.distributed.pipelining)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default="gloo",
                    help="torch.distributed backend: gloo (ranks on the CPU) or nccl (one GPU per rank)")
     p.add_argument("--runtime", choices=("auto", "torch", "tag"), default="auto",
@@ -43,7 +44,7 @@ def add_run_parser(sub) -> None:
 def cmd_run(args: argparse.Namespace) -> dict:
     from tag.cli import _plan_kind, _status
     from tag.cluster import resolve_cluster
-    from tag.execute.launch import check_port
+    from tag.execute.launch import check_port, torchrun_rank
     from tag.execute.lower import ExecutionError
     from tag.execute.program import resolve_program
 
@@ -55,25 +56,31 @@ def cmd_run(args: argparse.Namespace) -> dict:
     if args.port is not None:
         check_port(args.port)
     cluster = resolve_cluster(args.cluster)
-    if args.nproc is not None and args.nproc != cluster.num_devices:
-        raise ExecutionError(f"--nproc {args.nproc}: the plan's cluster has {cluster.num_devices} devices, one "
-                             "process each")
-    with _status(sys.stderr.isatty(), "tracing the train step"):
+    with _status(sys.stderr.isatty() and torchrun_rank() is None, "tracing the train step"):
         program = resolve_program(args.model, tiny=args.tiny, batch_size=args.batch_size)
     if _plan_kind(args.plan) == "pipeline":
         result = _run_pipeline(args, program, cluster)
     else:
+        _check_nproc(args.nproc, cluster.num_devices, f"the plan's cluster has {cluster.num_devices} devices, one "
+                     "process each")
         result = _run_placement(args, program, cluster)
     if result is None:  # a torchrun rank other than 0: rank 0 reports for all
         args.json = False
         return {}
-    payload = {"plan": args.plan, "model": program.name, "cluster": cluster.name, "ranks": cluster.num_devices,
+    payload = {"plan": args.plan, "model": program.name, "cluster": cluster.name, "ranks": len(result.step_times_s[0]),
                "batch_size": program.batch_size, "steps": args.steps, **result.summary()}
     if not args.json:
         _print_run(payload)
     if args.check and result.check and result.check["applies"] and not result.check["passed"]:
         raise OutputError(f"--check failed: {_worst(result.check)}")
     return payload
+
+
+def _check_nproc(nproc: int | None, processes: int, why: str) -> None:
+    from tag.execute.lower import ExecutionError
+
+    if nproc is not None and nproc != processes:
+        raise ExecutionError(f"--nproc {nproc}: {why}")
 
 
 def _run_placement(args: argparse.Namespace, program, cluster):
@@ -91,22 +98,31 @@ def _run_placement(args: argparse.Namespace, program, cluster):
 
 
 def _run_pipeline(args: argparse.Namespace, program, cluster):
-    from tag.execute.pipeline import run_pipeline
+    from tag.execute.pipeline import choose_runtime, run_pipeline
     from tag.strategy import load_pipeline_plan
 
     plan = load_pipeline_plan(args.plan, graph=program.graph, cluster=cluster)
+    runtime, _ = choose_runtime(program, plan, cluster, args.runtime)
+    if runtime == "torch":
+        _check_nproc(args.nproc, sum(plan.replicas), f"torch.distributed.pipelining runs {sum(plan.replicas)} "
+                     "processes, one per stage replica")
+    else:
+        _check_nproc(args.nproc, cluster.num_devices, f"tag's runtime runs one process per device of the plan's "
+                     f"cluster, which has {cluster.num_devices} devices")
     what = f"{plan.num_stages} stages × {list(plan.replicas)} replicas, {plan.micro_batches} micro-batches"
     with _step_progress(f"pipeline of {what}", args.steps) as progress:
         return run_pipeline(program, plan, cluster, steps=args.steps, check=args.check,
                             allow_batch_coupled=args.allow_batch_coupled, backend=args.backend, port=args.port,
-                            timeout_s=args.timeout, runtime=args.runtime, progress=progress)
+                            timeout_s=args.timeout, runtime=runtime, progress=progress)
 
 
 @contextlib.contextmanager
 def _step_progress(what: str, steps: int):
     """A bar of the optimizer steps rank 0 has finished, on stderr when it is a terminal; yields the
     callback (None when there is no terminal)."""
-    if not sys.stderr.isatty():
+    from tag.execute.launch import torchrun_rank
+
+    if not sys.stderr.isatty() or (torchrun_rank() or (0, 1))[0] != 0:  # one bar: rank 0's
         yield None
         return
     from rich.console import Console
@@ -144,9 +160,14 @@ def _print_run(payload: dict) -> None:
     schedule = payload.get("schedule")
     if schedule:
         console.print(f"pipeline runtime: {schedule['runtime']}")
-    if schedule and not schedule["followed"]:
+    if schedule and not schedule["followed"] and schedule["waits_on"]:
         console.print(f"[yellow]the ranks could not follow the plan's schedule: every backward pass waits for "
                       f"{', '.join(map(escape, schedule['waits_on'][:3]))}, summed over all micro-batches[/]")
+    elif schedule and not schedule["followed"]:
+        console.print("[yellow]the ranks ran another order than the plan's schedule[/]")
+    if schedule and schedule.get("per_micro_batch"):
+        console.print(f"[yellow]torch's schedule normalised {', '.join(map(escape, schedule['per_micro_batch'][:3]))} "
+                      "per micro-batch: --check says whether that changes the step[/]")
     check = payload.get("check")
     if check is None:
         return

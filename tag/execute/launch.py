@@ -62,7 +62,7 @@ def _run_rank(rank: int, world: int, port: int, backend: str, program, tensors: 
     torch.set_num_threads(1)
     runtime = None
     try:
-        device = rank_device(backend, rank)
+        device = rank_device(backend, getattr(program, "device", rank))  # a torch stage: its plan device
         dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=timeout_s), **_device_id(device))
         try:
@@ -255,9 +255,8 @@ def run_torchrun(programs: list, tensors: dict, *, steps: int = 1, backend: str 
                             timeout=datetime.timedelta(seconds=timeout_s), **_device_id(device))
     runtime = None
     try:
-        shared = [tensors if rank == 0 else None]
-        dist.broadcast_object_list(shared, src=0)
-        runtime = programs[rank].make_runtime(shared[0], device)
+        shared = _broadcast_tensors(tensors, device)
+        runtime = programs[rank].make_runtime(shared, device)
         results, times = timed_steps(runtime, steps, progress if rank == 0 else None)
         reports = [None] * world if rank == 0 else None
         dist.gather_object({"rank": rank, "results": results, "times": times}, reports, dst=0)
@@ -268,6 +267,19 @@ def run_torchrun(programs: list, tensors: dict, *, steps: int = 1, backend: str 
         raise ExecutionError(f"rank {rank} failed at {where}: {type(error).__name__}: {first}"[:2000]) from None
     finally:
         dist.destroy_process_group()
+
+
+def _broadcast_tensors(tensors: dict, device: torch.device) -> dict:
+    """Rank 0's initial tensors on every rank (a user's model need not seed itself): every rank built the
+    same program, so each receives in place, tensor by tensor in one name order."""
+    import torch.distributed as dist
+
+    out = {}
+    for name in sorted(tensors):
+        value = tensors[name].detach().to(device, copy=True).contiguous()
+        dist.broadcast(value, src=0)
+        out[name] = value.cpu() if device.type != "cpu" else value
+    return out
 
 
 def launch(programs: list, tensors: dict, *, steps: int = 1, backend: str = "gloo", port: int | None = None,

@@ -29,7 +29,7 @@ graph pipelines and unequal replica counts need nothing else.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -42,20 +42,19 @@ from tag.exact.stage_graph import ForwardGraph, StageGraph, build_stage_graph
 from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, launch
 from tag.execute.lower import (Alias, Carry, Compute, ExecutionError, Item, Local, RankProgram, Recv, Reduce, Send,
                                lower_plan)
-from tag.execute.program import Program
-from tag.execute.run import RunResult, combine_values, compare_steps, coupled_in_plan, reference_steps
+from tag.execute.program import SHAPE_ONLY_KINDS, Program, batch_statistics
+from tag.execute.run import RunResult, allowed_coupling, combine_values, compare_steps, reference_steps
 from tag.graph.opgraph import ROLE_BACKWARD, ROLE_OPTIMIZER
-from tag.sim import TASK_COLLECTIVE
 from tag.grouping import GroupGraph
+from tag.sim import TASK_COLLECTIVE
 from tag.strategy import ALLREDUCE, Strategy
 from tag.strategy.pipeline_plan import PipelinePlanFile
 
 __all__ = ["Slot", "PipelineView", "pipeline_view", "virtual_placement", "stage_phase_groups", "schedule_order",
-           "fold_slots", "LoweredPipeline", "lower_pipeline", "run_pipeline", "GRAPHPIPE"]
+           "fold_slots", "LoweredPipeline", "lower_pipeline", "choose_runtime", "run_pipeline", "GRAPHPIPE",
+           "RUNTIMES"]
 
-# Ops that read only the shape, dtype and device of their tensor argument.
-SHAPE_ONLY_KINDS = ("aten.ones_like", "aten.zeros_like", "aten.empty_like", "aten.full_like", "aten.new_ones",
-                    "aten.new_zeros", "aten.new_empty", "aten.new_full", "aten.sym_size")
+RUNTIMES = ("auto", "torch", "tag")  # which runtime runs a pipeline plan (run_pipeline)
 GRAPHPIPE = "graphpipe"  # the partitioner name of graph pipeline plans: stage orders from tag.graphpipe
 _VIRTUAL_BANDWIDTH = 1e10  # bytes/s between virtual devices; the lowering reads no time
 
@@ -103,6 +102,8 @@ def pipeline_view(program: Program, plan: PipelinePlanFile, cluster: Cluster) ->
 
 @dataclass
 class VirtualPlacement:
+    """The placement over virtual devices that computes a pipeline (:func:`virtual_placement`)."""
+
     cluster: Cluster  # one device (and device group) per virtual device
     group_graph: GroupGraph  # one group per op
     strategy: Strategy
@@ -126,7 +127,7 @@ def virtual_placement(program: Program, view: PipelineView) -> VirtualPlacement:
                              f"× {widest // view.micro_batches} replicas no row: use a larger batch (--batch-size) "
                              "or fewer micro-batches")
     count = len(slots)
-    vcluster = Cluster(name="pipeline-slots", types=(program_gpu(sg),), device_type=np.zeros(count, np.int64),
+    vcluster = Cluster(name="pipeline-slots", types=(_program_gpu(sg),), device_type=np.zeros(count, np.int64),
                        machine=np.arange(count), bandwidth=np.full((count, count), _VIRTUAL_BANDWIDTH),
                        latency=np.zeros((count, count)), device_group=np.arange(count))
     stage = np.asarray(sg.assignment, dtype=np.int64)
@@ -168,7 +169,7 @@ def stage_phase_groups(graph, stage: np.ndarray) -> np.ndarray:
     return groups
 
 
-def program_gpu(sg: StageGraph):
+def _program_gpu(sg: StageGraph):
     return sg.gpu_types[sg.reference_type]
 
 
@@ -197,38 +198,62 @@ def schedule_order(compiled: CompiledPlan, program: Program, view: PipelineView,
         if np.isnan(key[t]):
             preds = tg.dep[tg.dep_ptr[t]:tg.dep_ptr[t + 1]]
             key[t] = float(key[preds].max()) if preds.size else 0.0
-    return _priority_order(tg, key, _shape_only_collectives(compiled, graph))
+    skip, extra = _shape_only_collectives(compiled, graph)
+    return _priority_order(tg, key, skip, extra)
 
 
-def _shape_only_collectives(compiled: CompiledPlan, graph) -> set[int]:
+def _shape_only_collectives(compiled: CompiledPlan, graph) -> tuple[set[int], list[tuple[int, int]]]:
     """Collectives whose every use is read for its shape alone (``ones_like(loss)`` seeding the backward
-    pass): the readers take their own partial, so the collective need not run — and must not, since it
-    would make every micro-batch's backward pass wait for every forward pass."""
+    pass), and where every reader holds a partial of its own: the readers take that partial, so the
+    collective need not run — and must not, since it would make every micro-batch's backward pass wait
+    for every forward pass. Returns those tasks and the edges (producer on v → reader on v) that keep
+    each reader after the partial it reads."""
     tables = compiled.tables
     uses: dict[int, list[int]] = {}
     for d in compiled.deliveries:
         if int(compiled.taskgraph.kind[d.task]) == TASK_COLLECTIVE:
             uses.setdefault(d.task, []).extend(d.uses)
-    return {t for t, qs in uses.items()
-            if all(graph.kinds[c].startswith(SHAPE_ONLY_KINDS) for q in qs for c in tables.use_consumers[q].tolist())}
+    skip, extra = set(), []
+    for t, qs in uses.items():
+        edges = []
+        for q in qs:
+            p = int(tables.use_producer[q])
+            for c in tables.use_consumers[q].tolist():
+                holders = compiled.op_devices(p)
+                if not graph.kinds[c].startswith(SHAPE_ONLY_KINDS) or \
+                        not set(compiled.op_devices(c)) <= set(holders):
+                    edges = None
+                    break
+                edges += [(compiled.op_task(p, v), compiled.op_task(c, v)) for v in compiled.op_devices(c)]
+            if edges is None:
+                break
+        if edges is not None:
+            skip.add(t)
+            extra += edges
+    return skip, extra
 
 
-def _priority_order(tg, key: np.ndarray, skip: set[int] = frozenset()) -> np.ndarray:
+def _priority_order(tg, key: np.ndarray, skip: set[int] = frozenset(),
+                    extra: list[tuple[int, int]] = ()) -> np.ndarray:
     """Kahn's algorithm taking the ready task of smallest (key, position in the TaskGraph's own order);
-    tasks in ``skip`` are left out (and count as done)."""
+    tasks in ``skip`` are left out (and count as done), ``extra`` edges (a, b) added."""
     position = np.empty(tg.num_tasks, dtype=np.int64)
     position[tg.topological_order] = np.arange(tg.num_tasks)
     waiting = np.diff(tg.dep_ptr).astype(np.int64)
     for t in skip:
         waiting[tg.succ[tg.succ_ptr[t]:tg.succ_ptr[t + 1]]] -= 1
         waiting[t] = -1
+    after: dict[int, list[int]] = {}
+    for a, b in extra:
+        after.setdefault(a, []).append(b)
+        waiting[b] += 1
     ready = [(float(key[t]), int(position[t]), int(t)) for t in np.flatnonzero(waiting == 0)]
     heapq.heapify(ready)
     order = []
     while ready:
         _, _, t = heapq.heappop(ready)
         order.append(t)
-        for u in tg.succ[tg.succ_ptr[t]:tg.succ_ptr[t + 1]].tolist():
+        for u in tg.succ[tg.succ_ptr[t]:tg.succ_ptr[t + 1]].tolist() + after.get(t, []):
             waiting[u] -= 1
             if waiting[u] == 0:
                 heapq.heappush(ready, (float(key[u]), int(position[u]), u))
@@ -390,17 +415,19 @@ class LoweredPipeline:
     programs: list[RankProgram]  # [D] one per rank
     coupled: dict[str, str]  # batch-coupled ops the plan changes: name -> why
 
+    per_slot: set = field(default_factory=set)  # ops a micro-batch computes on its own rows (fold_slots)
+
     def actions(self, rank: int, graph) -> list[str]:
-        """The rank's compute steps as schedule actions in the order it runs them ("F0", "B0", ...; "O" for
-        the optimizer), consecutive repeats merged, whole-batch ops (computed once) left out."""
+        """The rank's compute steps as schedule actions in the order it runs them ("F0", "B0", ...),
+        consecutive repeats merged; the optimizer and, with several micro-batches, the ops each computes on
+        the whole batch (once per rank) are left out."""
         n = graph.num_ops
         out: list[str] = []
         for step in self.programs[rank].steps:
-            if not isinstance(step, Compute) or step.batch == self.placed.group_graph.op_graph.batch_size:
+            op, m = step.op % n if isinstance(step, Compute) else -1, step.op // n if isinstance(step, Compute) else 0
+            if op < 0 or graph.role[op] == ROLE_OPTIMIZER or (self.view.micro_batches > 1 and op not in self.per_slot):
                 continue
-            op, m = step.op % n, step.op // n
-            role = graph.role[op]
-            label = "O" if role == ROLE_OPTIMIZER else f"{BACKWARD if role == ROLE_BACKWARD else FORWARD}{m}"
+            label = f"{BACKWARD if graph.role[op] == ROLE_BACKWARD else FORWARD}{m}"
             if not out or out[-1] != label:
                 out.append(label)
         return out
@@ -436,42 +463,47 @@ def lower_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *
     placed = virtual_placement(program, view)
     compiled = compile_strategy(placed.group_graph, placed.strategy, placed.cluster, granularity="op")
     check_compiled(compiled)
-    coupled = coupled_in_plan(program, compiled)
-    if coupled and not allow_batch_coupled:
-        name, why = next(iter(coupled.items()))
-        raise ExecutionError(f"op {name!r} ({why}) computes something else once the plan splits the batch; "
-                             f"{len(coupled)} such op(s) in all: pass --allow-batch-coupled to run anyway")
+    coupled = allowed_coupling(program, compiled, allow_batch_coupled)
     order = schedule_order(compiled, program, view, placed.slots)
     virtual = lower_plan(program, compiled, order)
     programs = fold_slots(virtual, compiled, placed.slots, order, cluster.num_devices, program.batch_size)
-    return LoweredPipeline(view, placed, compiled, virtual, programs, coupled)
+    return LoweredPipeline(view, placed, compiled, virtual, programs, coupled, _per_slot(virtual, program.batch_size))
 
 
-RUNTIMES = ("auto", "torch", "tag")
+def choose_runtime(program: Program, plan: PipelinePlanFile, cluster: Cluster, runtime: str = "auto"
+                   ) -> tuple[str, PipelineView]:
+    """("torch" or "tag", the plan's view): which runtime runs ``plan`` when ``runtime`` is asked. ``auto``
+    takes torch's pipelining only where it computes the plan's step exactly: a chain of equal replicas
+    under GPipe / 1F1B with equal micro-batches, no batch-coupled op, and no value summed over the batch
+    that the step reads (a micro-batch there normalises by its own rows)."""
+    from tag.execute.torch_pipeline import torch_pipeline_reason
+
+    if runtime not in RUNTIMES:
+        raise ExecutionError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
+    view = pipeline_view(program, plan, cluster)
+    if runtime == "tag":
+        return "tag", view
+    reason = torch_pipeline_reason(program, view, plan.partitioner)
+    if reason is not None and runtime == "torch":
+        raise ExecutionError(f"torch.distributed.pipelining cannot run this plan: {reason}; use --runtime tag")
+    exact = not program.coupled and not batch_statistics(program.graph)
+    return ("torch" if reason is None and (exact or runtime == "torch") else "tag"), view
 
 
 def run_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *, steps: int = 2,
                  check: bool = False, allow_batch_coupled: bool = False, backend: str = "gloo",
                  timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None,
-                 port: int | None = None, runtime: str = "tag", progress=None) -> RunResult | None:
+                 port: int | None = None, runtime: str = "auto", progress=None) -> RunResult | None:
     """Run pipeline plan ``plan`` for ``steps`` optimizer steps. ``runtime``: ``"tag"`` (this module: one
     process per device of ``cluster``, any pipeline), ``"torch"`` (``torch.distributed.pipelining``, one
     process per stage replica: chains of equal replicas under GPipe / 1F1B, :mod:`tag.execute.torch_pipeline`)
-    or ``"auto"`` (torch's where it can run the plan, else tag's)."""
-    if runtime not in RUNTIMES:
-        raise ExecutionError(f"runtime must be one of {', '.join(RUNTIMES)}, got {runtime!r}")
-    if runtime != "tag":
-        from tag.execute.torch_pipeline import run_torch_pipeline, torch_pipeline_reason
+    or ``"auto"`` (:func:`choose_runtime`)."""
+    chosen, view = choose_runtime(program, plan, cluster, runtime)
+    if chosen == "torch":
+        from tag.execute.torch_pipeline import run_torch_pipeline
 
-        view = pipeline_view(program, plan, cluster)
-        reason = torch_pipeline_reason(program, view, plan.partitioner)
-        if reason is None and program.coupled:  # tag's runtime names them, refuses or reports them
-            reason = f"the model has batch-coupled ops ({', '.join(sorted(set(program.coupled.values())))})"
-        if reason is None:
-            return run_torch_pipeline(program, view, steps=steps, check=check, backend=backend, timeout_s=timeout_s,
-                                      pool=pool, port=port, progress=progress)
-        if runtime == "torch":
-            raise ExecutionError(f"torch.distributed.pipelining cannot run this plan: {reason}; use --runtime tag")
+        return run_torch_pipeline(program, view, steps=steps, check=check, backend=backend, timeout_s=timeout_s,
+                                  pool=pool, port=port, progress=progress)
     lowered = lower_pipeline(program, plan, cluster, allow_batch_coupled=allow_batch_coupled)
     programs, virtual, slots = lowered.programs, lowered.virtual, lowered.placed.slots
     reports = launch(programs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s,

@@ -22,11 +22,11 @@ import torch
 from torch import nn
 
 from tag.errors import ModelError
-from tag.graph.opgraph import OpGraph
+from tag.graph.opgraph import ROLE_FORWARD, SPLIT_SUM, OpGraph
 from tag.graph.tracer import trace
 
 __all__ = ["Program", "build_program", "zoo_program", "user_program", "resolve_program", "batch_coupled_ops",
-           "RNG_KINDS", "BATCH_STATISTICS_KINDS"]
+           "batch_statistics", "RNG_KINDS", "BATCH_STATISTICS_KINDS", "SHAPE_ONLY_KINDS"]
 
 # Ops that draw random numbers: a batch split (or another rank) draws different ones.
 RNG_KINDS = ("aten.bernoulli", "aten.native_dropout", "aten.rand", "aten.randn", "aten.randint", "aten.randperm",
@@ -62,6 +62,23 @@ def _meets_the_batch(graph: OpGraph, op: int) -> bool:
     loss's closure, read beside the logits)."""
     return any(graph.batch_scaled[p] for c in graph.successors(op).tolist()
                for p in graph.predecessors(c).tolist() if p != op)
+
+
+# Ops that read only the shape, dtype and device of their tensor argument.
+SHAPE_ONLY_KINDS = ("aten.ones_like.", "aten.zeros_like.", "aten.empty_like.", "aten.full_like.", "aten.new_ones.",
+                    "aten.new_zeros.", "aten.new_empty.", "aten.new_full.")
+
+
+def batch_statistics(graph: OpGraph) -> list[int]:
+    """Forward values that sum over the whole batch and that an op other than a sum reads: a loss's
+    normaliser (cross-entropy's count of counted targets), a batch mean. A step cut into micro-batches that
+    each normalise by their own rows (torch's pipeline schedules) computes them per micro-batch instead."""
+    found = []
+    for p in np.flatnonzero((graph.role == ROLE_FORWARD) & (graph.split == SPLIT_SUM)).tolist():
+        if any(graph.split[c] != SPLIT_SUM and not graph.kinds[c].startswith(SHAPE_ONLY_KINDS)
+               for c in graph.successors(p).tolist()):
+            found.append(p)
+    return found
 
 
 def _training_flag(record: dict) -> bool:

@@ -25,7 +25,7 @@ from tag.execute.program import Program
 from tag.grouping import GroupGraph
 from tag.strategy import Strategy
 
-__all__ = ["RunResult", "run_strategy", "combine_values", "reference_steps", "compare_steps", "CHECK_TOLERANCE"]
+__all__ = ["RunResult", "run_strategy", "combine_values", "allowed_coupling", "coupled_in_plan", "reference_steps", "compare_steps", "CHECK_TOLERANCE"]
 
 CHECK_TOLERANCE = 1e-5  # largest relative difference (fp32) that passes --check
 
@@ -68,6 +68,16 @@ def coupled_in_plan(program: Program, compiled: CompiledPlan) -> dict[str, str]:
     return found
 
 
+def allowed_coupling(program: Program, compiled: CompiledPlan, allow: bool) -> dict[str, str]:
+    """:func:`coupled_in_plan`, refused with one line naming the first unless ``allow``."""
+    coupled = coupled_in_plan(program, compiled)
+    if coupled and not allow:
+        name, why = next(iter(coupled.items()))
+        raise ExecutionError(f"op {name!r} ({why}) computes something else once the plan splits the batch; "
+                             f"{len(coupled)} such op(s) in all: pass --allow-batch-coupled to run anyway")
+    return coupled
+
+
 def run_strategy(program: Program, group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *,
                  steps: int = 2, check: bool = False, allow_batch_coupled: bool = False, backend: str = "gloo",
                  timeout_s: float = DEFAULT_TIMEOUT_S, pool: WorkerPool | None = None, port: int | None = None,
@@ -78,11 +88,7 @@ def run_strategy(program: Program, group_graph: GroupGraph, strategy: Strategy, 
         raise ExecutionError("the grouping is for another graph than the program's")
     compiled = compile_strategy(group_graph, strategy, cluster, granularity="op")
     check_compiled(compiled)
-    coupled = coupled_in_plan(program, compiled)
-    if coupled and not allow_batch_coupled:
-        name, why = next(iter(coupled.items()))
-        raise ExecutionError(f"op {name!r} ({why}) computes something else once the plan splits the batch; "
-                             f"{len(coupled)} such op(s) in all: pass --allow-batch-coupled to run anyway")
+    coupled = allowed_coupling(program, compiled, allow_batch_coupled)
     programs = lower_plan(program, compiled)
     reports = launch(programs, program.tensors, steps=steps, backend=backend, port=port, timeout_s=timeout_s,
                      pool=pool, faults=faults, progress=progress)

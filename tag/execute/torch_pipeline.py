@@ -4,8 +4,8 @@ A pipeline plan whose stages form a chain, with the same number R of replicas pe
 1F1B schedule and micro-batches of equal rows, is what torch's own pipelining runs: each rank builds one
 ``PipelineStage`` and the schedule the plan names (``ScheduleGPipe`` / ``Schedule1F1B``), and the stage's
 replicas sum their gradients over the data-parallel dimension of a 2-D ``DeviceMesh`` (R × S, dims
-``("dp", "pp")``: process ``r·S + s`` is replica r of stage s; the plan's device of that replica is
-where it would run on a GPU host).
+``("dp", "pp")``: process ``r·S + s`` is replica r of stage s, and under NCCL it computes on the GPU of
+the plan's device of that replica).
 
 **Stage modules.** Each stage is an ``nn.Module`` that replays the recorded forward calls of its ops
 (the program's records at the micro-batch's rows) on its own ``nn.Parameter``s; autograd differentiates
@@ -36,7 +36,7 @@ from torch import nn
 from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, launch
 from tag.execute.lower import ExecutionError, _dtype_size, _references
 from tag.execute.pipeline import GRAPHPIPE, PipelineView
-from tag.execute.program import Program
+from tag.execute.program import Program, batch_statistics
 from tag.execute.run import RunResult, compare_steps, reference_steps
 from tag.graph.opgraph import ROLE_FORWARD
 
@@ -303,9 +303,10 @@ def combine_stage_reports(reports: list[dict], step: int) -> dict[str, torch.Ten
 
 
 def _communication(program: Program, jobs: list[StageJob]) -> list[tuple]:
-    """(task, kind, endpoints, bytes, tensors) of one step as torch's schedule runs it: every value a stage
-    returns goes to the next stage once per micro-batch, its gradient (floating values) comes back, and
-    each stage's replicas all-reduce its gradients."""
+    """(task, kind, endpoints, bytes, tensors) of one step as torch's schedule runs it, endpoints as the
+    plan's devices: every value a stage returns goes to the next stage once per micro-batch, its gradient
+    (floating values) comes back, and each stage's replicas all-reduce its gradients. Counted from the
+    stage modules' outputs, not observed."""
     rows = program.batch_size // (jobs[0].replicas * jobs[0].micro_batches)
     out = []
     for job in jobs:
@@ -313,13 +314,15 @@ def _communication(program: Program, jobs: list[StageJob]) -> list[tuple]:
             specs = [program.spec(p, k, rows) for p, k in job.outputs]
             nbytes = sum(int(np.prod(shape)) * _dtype_size(dtype) for shape, dtype in specs)
             grads = sum(int(np.prod(shape)) * _dtype_size(dtype) for shape, dtype in specs if "float" in dtype)
+            peer = jobs[job.rank + 1].device
             for _ in range(job.micro_batches):
-                out.append((-1, "transfer", (job.rank, job.rank + 1), nbytes, len(specs)))
+                out.append((-1, "transfer", (job.device, peer), nbytes, len(specs)))
                 if grads:
-                    out.append((-1, "transfer", (job.rank + 1, job.rank), grads, len(specs)))
+                    out.append((-1, "transfer", (peer, job.device), grads, len(specs)))
         if job.replicas > 1 and job.replica == 0:
-            members = tuple(r * job.num_stages + job.stage for r in range(job.replicas))
-            nbytes = sum(int(np.prod(program.spec(p, 0, rows)[0])) * 4 for p in job.params)
+            members = tuple(sorted(jobs[r * job.num_stages + job.stage].device for r in range(job.replicas)))
+            nbytes = sum(int(np.prod(shape)) * _dtype_size(dtype)
+                         for shape, dtype in (program.spec(p, 0, rows) for p in job.params))
             out.append((-1, "allreduce", members, nbytes, len(job.params)))
     return out
 
@@ -334,10 +337,12 @@ def run_torch_pipeline(program: Program, view: PipelineView, *, steps: int = 2, 
     if reports is None:
         return None  # a torchrun rank other than 0: rank 0 reports
     values = [combine_stage_reports(reports, k) for k in range(steps)]
+    per_micro_batch = [program.graph.names[op] for op in batch_statistics(program.graph)]
     result = RunResult(losses=[float(v["loss:loss"]) for v in values],
                        step_times_s=[[r["times"][k] for r in reports] for k in range(steps)],
                        communication=_communication(program, jobs), values=values,
-                       schedule={"followed": True, "waits_on": [], "runtime": "torch.distributed.pipelining"})
+                       schedule={"followed": True, "waits_on": [], "runtime": "torch.distributed.pipelining",
+                                 "per_micro_batch": per_micro_batch})
     if check:
         result.check = compare_steps(values, reference_steps(program, steps), {})
     return result

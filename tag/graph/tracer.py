@@ -724,7 +724,7 @@ def _check_targets(targets: Any, example_inputs: tuple, name: str) -> tuple:
         targets = (targets,)
     if not isinstance(targets, (tuple, list)) or not all(isinstance(t, torch.Tensor) for t in targets):
         raise ModelError(f"{name}: loss targets must be a tuple of tensors")
-    batch = next(x.shape[0] for x in example_inputs if isinstance(x, torch.Tensor) and x.dim() > 0)
+    batch = next((x.shape[0] for x in example_inputs if isinstance(x, torch.Tensor) and x.dim() > 0), None)
     for k, t in enumerate(targets):
         if t.dim() == 0 or t.shape[0] != batch:
             raise ModelError(f"{name}: loss target {k} has shape {tuple(t.shape)}; its dim 0 must be the batch "

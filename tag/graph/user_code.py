@@ -93,11 +93,11 @@ def load_user_step(spec: str) -> tuple[nn.Module, tuple, Callable, tuple]:
     if isinstance(inputs, torch.Tensor):
         inputs = (inputs,)
     if not isinstance(model, nn.Module):
-        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn); its model is a {type(model).__name__}")
+        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn[, targets]); its model is a {type(model).__name__}")
     if not isinstance(inputs, (tuple, list)) or not all(isinstance(x, torch.Tensor) for x in inputs) or not inputs:
-        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn); example_inputs must be a tuple of tensors")
+        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn[, targets]); example_inputs must be a tuple of tensors")
     if not callable(loss_fn):
-        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn); its loss_fn is not callable")
+        raise ModelError(f"{spec} must return (model, example_inputs, loss_fn[, targets]); its loss_fn is not callable")
     return model, tuple(inputs), loss_fn, tuple(targets)
 
 
