@@ -94,7 +94,8 @@ def main() -> None:
         for r in rows:
             order = {None: "-", True: "plan", False: "gpipe"}[r["schedule_followed"]]
             print(f"{r['model']:<16}{r['plan']:<24}{r['measured_s'] * 1e3:>10.2f}ms{r['simulated_s'] * 1e3:>10.3f}ms"
-                  f"{r['ratio']:>9.0f}{r['transfers'] + r['collectives']:>7d}  {'ok' if r['check_passed'] else 'FAIL':<5}"
+                  f"{r['ratio']:>9.0f}{r['transfers'] + r['collectives']:>7d}  "
+                  f"{'ok' if r['check_passed'] else 'FAIL':<5}"
                   f"  {order}")
     ratios = [r["ratio"] for r in rows]
     print(json.dumps({"benchmark": "run", "plans": rows, "median_ratio": float(np.median(ratios)),

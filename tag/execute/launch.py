@@ -171,7 +171,8 @@ def run_ranks(programs: list[RankProgram], tensors: dict, *, steps: int = 1, bac
     context = mp.get_context("spawn")
     with tempfile.TemporaryDirectory(prefix="tag-run-") as out:
         processes = [context.Process(target=_run_rank, daemon=True,
-                                     args=(r, world, port, backend, programs[r], tensors, steps, timeout_s, out, faults))
+                                     args=(r, world, port, backend, programs[r], tensors, steps, timeout_s, out,
+                                           faults))
                      for r in range(world)]
         for p in processes:
             p.start()

@@ -39,7 +39,8 @@ from tag.execute.program import Program
 from tag.graph.opgraph import SPLIT_NONE, SPLIT_SUM
 from tag.sim import TASK_COLLECTIVE, TASK_COMPUTE, TASK_TRANSFER
 
-__all__ = ["ExecutionError", "Read", "Compute", "Send", "Recv", "Local", "Alias", "Reduce", "Carry", "RankProgram", "lower_plan",
+__all__ = ["ExecutionError", "Read", "Compute", "Send", "Recv", "Local", "Alias", "Reduce", "Carry", "RankProgram",
+           "lower_plan",
            "Item"]
 
 # Ops whose output averages over the rows they see (reduction "mean"): on a replica's rows the output is
@@ -328,7 +329,8 @@ def lower_plan(program: Program, compiled: CompiledPlan, order=None) -> list[Ran
     """One :class:`RankProgram` per device of ``compiled``'s cluster (module docstring). ``order``: the
     global order of the TaskGraph's tasks (any topological order; default the TaskGraph's own)."""
     if compiled.granularity != "op":
-        raise ExecutionError("a plan runs from its op-granularity compilation (compile_strategy(..., granularity='op'))")
+        raise ExecutionError("a plan runs from its op-granularity compilation "
+                             "(compile_strategy(..., granularity='op'))")
     low = _Lowering(program, compiled)
     world = compiled.cluster.num_devices
     _check_rows(low)

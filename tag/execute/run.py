@@ -25,7 +25,8 @@ from tag.execute.program import Program
 from tag.grouping import GroupGraph
 from tag.strategy import Strategy
 
-__all__ = ["RunResult", "run_strategy", "combine_values", "allowed_coupling", "coupled_in_plan", "reference_steps", "compare_steps", "CHECK_TOLERANCE"]
+__all__ = ["RunResult", "run_strategy", "combine_values", "allowed_coupling", "coupled_in_plan", "reference_steps",
+           "compare_steps", "CHECK_TOLERANCE"]
 
 CHECK_TOLERANCE = 1e-5  # largest relative difference (fp32) that passes --check
 

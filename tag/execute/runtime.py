@@ -271,7 +271,8 @@ class RankRuntime:
         """The collective over ``r.members``; this rank's partial is the sum of its values ``ops`` (several
         micro-batches of a pipeline stage, one op of a placement), the result filed under every use."""
         group = self.groups[r.members] if len(r.members) > 1 else None
-        partials = [[_add([_out(self.values[p], k) for p in ops]).detach() for k, *_ in outs] for _, ops, outs in r.items]
+        partials = [[_add([_out(self.values[p], k) for p in ops]).detach() for k, *_ in outs]
+                    for _, ops, outs in r.items]
         if group is not None:  # one collective per dtype over the task's tensors packed flat (as a fused task is)
             for dtype in dict.fromkeys(t.dtype for row in partials for t in row):
                 tensors = [t for row in partials for t in row if t.dtype == dtype]

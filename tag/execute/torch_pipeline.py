@@ -138,7 +138,8 @@ def stage_jobs(program: Program, view: PipelineView) -> list[StageJob]:
         lo = r * program.batch_size // replicas
         for s in range(stages):
             outputs = crossing[s + 1] if s + 1 < stages else [(int(loss["ref"]), int(loss["out"]))]
-            params = {p: names[p].partition(":")[2] for p in sorted(owned_params[s]) if names[p].startswith("parameter:")}
+            params = {p: names[p].partition(":")[2] for p in sorted(owned_params[s])
+                      if names[p].startswith("parameter:")}
             constants = {p: names[p] for p, _ in reads[s] if names.get(p, "").startswith("buffer:")}
             jobs.append(StageJob(rank=r * stages + s, stage=s, replica=r, num_stages=stages, replicas=replicas,
                                  micro_batches=micro, schedule=view.schedule,
