@@ -116,7 +116,12 @@ def main() -> None:
     cells = [tuple(c.split(":", 1)) for c in args.cells] if args.cells else \
         [(m, c) for m in TAG_MODELS for c in CLUSTERS]
     priors = load_priors(None if args.uniform else str(ROOT / "checkpoints" / "tag-policy.pt"))
-    rows = [run_cell(model, cluster, args.time, priors) for model, cluster in cells]
+    rows = []
+    for model, cluster in cells:  # one line per cell as it finishes, so a long run shows its progress
+        rows.append(run_cell(model, cluster, args.time, priors))
+        row = rows[-1]
+        print(f"{model} on {cluster}: {row['chosen']} {row['iteration_time_s'] * 1e3:.1f} ms, "
+              f"{row['bound_ratio']:.2f}x the bound, {row['wall_s']:.0f} s", flush=True)
     Console(width=160).print(table(rows))
     print(json.dumps({"bench": "families", "time_s": args.time, "rows": rows}))
 
