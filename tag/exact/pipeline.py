@@ -74,6 +74,7 @@ __all__ = [
     "consecutive_mapping",
     "compile_pipeline",
     "simulate_pipeline",
+    "stored_stage_graph",
     "PipelinePlan",
     "plan_pipeline",
     "PARTITIONERS",
@@ -768,6 +769,20 @@ def mapping_objective(stage_graph: StageGraph, cluster: Cluster,
     return (None, None) if times is None else (float(times.max()), mode)
 
 
+def stored_stage_graph(graph: OpGraph, cluster: Cluster, *, forward_assignment: Sequence[int] | np.ndarray,
+                       replicas: Sequence[int], micro_batches: int, reference_gpu: str | None = None,
+                       links: str = "data", cost: CostModel | None = None) -> StageGraph:
+    """The StageGraph of a stored pipeline plan (a plan file's ``pipeline`` section) on ``graph``."""
+    fg = ForwardGraph.from_graph(graph, cluster.types, cost=cost)
+    forward_stage = np.asarray(forward_assignment, dtype=np.int64).reshape(-1)
+    if forward_stage.shape != (fg.num_nodes,):
+        raise PartitionError(f"the plan assigns {forward_stage.size} forward ops; the model has {fg.num_nodes}")
+    names = [t.name for t in fg.gpu_types]
+    reference = names.index(reference_gpu) if reference_gpu in names else 0
+    return build_stage_graph(fg, forward_stage, replicas=list(replicas), micro_batches=micro_batches,
+                             reference_type=reference, links=links)
+
+
 def replay_pipeline(graph: OpGraph, cluster: Cluster, *, forward_assignment: Sequence[int] | np.ndarray,
                     replicas: Sequence[int], micro_batches: int, mapping: Sequence[Sequence[int]],
                     schedule: str = "1f1b", reference_gpu: str | None = None, partitioner: str = "replay",
@@ -776,14 +791,8 @@ def replay_pipeline(graph: OpGraph, cluster: Cluster, *, forward_assignment: Seq
     view, the replica counts, M and the mapping (a plan file's ``pipeline`` section)."""
     if schedule not in SCHEDULES:
         raise PartitionError(f"schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-    fg = ForwardGraph.from_graph(graph, cluster.types, cost=cost)
-    forward_stage = np.asarray(forward_assignment, dtype=np.int64).reshape(-1)
-    if forward_stage.shape != (fg.num_nodes,):
-        raise PartitionError(f"the plan assigns {forward_stage.size} forward ops; the model has {fg.num_nodes}")
-    names = [t.name for t in fg.gpu_types]
-    reference = names.index(reference_gpu) if reference_gpu in names else 0
-    sg = build_stage_graph(fg, forward_stage, replicas=list(replicas), micro_batches=micro_batches,
-                           reference_type=reference, links=links)
+    sg = stored_stage_graph(graph, cluster, forward_assignment=forward_assignment, replicas=replicas,
+                            micro_batches=micro_batches, reference_gpu=reference_gpu, links=links, cost=cost)
     rows = _check_mapping(sg, cluster, mapping)
     taskgraph, result = simulate_pipeline(sg, cluster, rows, schedule=schedule)
     objective, mode = mapping_objective(sg, cluster, rows)

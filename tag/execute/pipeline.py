@@ -38,7 +38,8 @@ from tag.cluster import Cluster
 from tag.compiler.check import check_compiled
 from tag.compiler.compile import CompiledPlan, compile_strategy
 from tag.exact.schedules import BACKWARD, FORWARD, Action, stage_orders, unit_time_schedule
-from tag.exact.stage_graph import ForwardGraph, StageGraph, build_stage_graph
+from tag.exact.pipeline import stored_stage_graph
+from tag.exact.stage_graph import StageGraph
 from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, launch
 from tag.execute.lower import (Alias, Carry, Compute, ExecutionError, Item, Local, RankProgram, Recv, Reduce, Send,
                                lower_plan)
@@ -85,11 +86,9 @@ class PipelineView:
 def pipeline_view(program: Program, plan: PipelinePlanFile, cluster: Cluster) -> PipelineView:
     """The stage of every op, the mapping and the stage orders of ``plan`` (a graph pipeline's static
     orders when its partitioner is GraphPipe, else the plan's GPipe / 1F1B schedule)."""
-    fg = ForwardGraph.from_graph(program.graph, cluster.types)
-    names = [t.name for t in fg.gpu_types]
-    reference = names.index(plan.reference_gpu) if plan.reference_gpu in names else 0
-    sg = build_stage_graph(fg, plan.forward_assignment, replicas=list(plan.replicas),
-                           micro_batches=plan.micro_batches, reference_type=reference, links=plan.links)
+    sg = stored_stage_graph(program.graph, cluster, forward_assignment=plan.forward_assignment,
+                            replicas=plan.replicas, micro_batches=plan.micro_batches,
+                            reference_gpu=plan.reference_gpu, links=plan.links)
     if plan.partitioner == GRAPHPIPE:
         from tag.graphpipe.scheduler import graph_stage_orders, stage_inflight
 

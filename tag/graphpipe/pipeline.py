@@ -41,7 +41,7 @@ import numpy as np
 from tag.cluster.cluster import Cluster
 from tag.cost.comm import allreduce_time
 from tag.cost.compute import CostModel
-from tag.exact.pipeline import PipelinePlan, compile_pipeline, plan_pipeline, reference_bandwidth
+from tag.exact.pipeline import PipelinePlan, compile_pipeline, plan_pipeline, reference_bandwidth, stored_stage_graph
 from tag.exact.schedules import Action
 from tag.exact.stage_graph import ADAM_MEMORY_COPIES, ForwardGraph, PartitionError, StageGraph, build_stage_graph
 from tag.graph.opgraph import OpGraph
@@ -101,14 +101,8 @@ def replay_graph_pipeline(graph: OpGraph, cluster: Cluster, *, forward_assignmen
                           cost: CostModel | None = None) -> PipelinePlan:
     """Rebuild and simulate a stored graph pipeline plan (a plan file of partitioner ``"graphpipe"``):
     its stage graph, the static scheduler's orders over its stage DAG, and the simulated iteration."""
-    fg = ForwardGraph.from_graph(graph, cluster.types, cost=cost)
-    forward_stage = np.asarray(forward_assignment, dtype=np.int64).reshape(-1)
-    if forward_stage.shape != (fg.num_nodes,):
-        raise PartitionError(f"the plan assigns {forward_stage.size} forward ops; the model has {fg.num_nodes}")
-    names = [t.name for t in fg.gpu_types]
-    reference = names.index(reference_gpu) if reference_gpu in names else 0
-    sg = build_stage_graph(fg, forward_stage, replicas=list(replicas), micro_batches=micro_batches,
-                           reference_type=reference, links=links)
+    sg = stored_stage_graph(graph, cluster, forward_assignment=forward_assignment, replicas=replicas,
+                            micro_batches=micro_batches, reference_gpu=reference_gpu, links=links, cost=cost)
     inflight = stage_inflight(sg.num_stages, sg.edge_src, sg.edge_dst, micro_batches=sg.micro_batches)
     sg.memory_bytes = ADAM_MEMORY_COPIES * sg.param_bytes + inflight * (sg.activation_bytes + sg.input_bytes)
     rows = [list(row) for row in mapping]
