@@ -70,3 +70,12 @@ def without_numba():
         assert done.returncode == 0, done.stderr
 
     return run
+
+
+@pytest.fixture(scope="module")
+def pool():
+    """Four rank processes kept alive for a test module's runs (tag.execute): start-up paid once."""
+    from tag.execute import WorkerPool
+
+    with WorkerPool(4) as workers:
+        yield workers

@@ -8,18 +8,12 @@ import torch
 
 from tag.cluster.build import Machine, build_cluster
 from tag.compiler.compile import compile_strategy
-from tag.execute import ExecutionError, WorkerPool, lower_plan, run_strategy, zoo_program
+from tag.execute import ExecutionError, lower_plan, run_strategy, zoo_program
 from tag.execute.program import batch_coupled_ops, build_program
 from tag.grouping import GroupGraph, group_ops
 from tag.strategy import Strategy
 
 TOLERANCE = 1e-5
-
-
-@pytest.fixture(scope="module")
-def pool():
-    with WorkerPool(4) as workers:
-        yield workers
 
 
 @pytest.fixture(scope="module")

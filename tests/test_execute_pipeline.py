@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from test_execute import assert_equal_to_one_device as equal_to_one_device
-from test_execute import pool, toy_cluster  # noqa: F401 - the shared pool fixture
+from test_execute import toy_cluster
 
 from tag.cli import main
 from tag.cluster import resolve_cluster
