@@ -12,6 +12,9 @@
     unseen topologies. Without hold-out policies this part reports the full policy's speed-ups only.
 (c) Presets never used in training (TAG cloud, 4×DGX-1, a 2D mesh): iterations to beat DP-NCCL and the
     speed-up after the budget, pure against GNN-guided.
+(f) By topology family (tag.cluster.families; the held-out families marked): per family, pooled over
+    ``--family-models`` × ``--family-topologies`` unseen seeds, the iterations to beat DP-NCCL over the
+    beatable instances and the mean speed-up after the budget, pure against GNN-guided.
 
 Searches use the training config's grouping and search settings (``--config``). Results are cached in
 ``--cache`` (JSON), so the script can run in pieces (e.g. ``--methods uniform`` before a policy exists).
@@ -34,6 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tag._atomic import atomic_write_text  # noqa: E402
+from tag.cluster.families import FAMILIES, HELD_OUT  # noqa: E402
 from tag.planner import TAG_MODELS  # noqa: E402
 from tag.training import EVAL_SEED_START, Instance, Outcome, SelfPlayPool, load_config  # noqa: E402
 
@@ -55,9 +59,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="(a) pure-MCTS iterations that decide whether a topology neither search beat is beatable "
                         "(0: skip)")
     p.add_argument("--models", default=",".join(TAG_MODELS), help="comma-separated zoo models")
-    p.add_argument("--parts", default="a,b,c", help="which of a, b, c to run")
+    p.add_argument("--parts", default="a,b,c,f", help="which of a, b, c, f to run")
     p.add_argument("--methods", default="uniform,gnn", help="uniform (pure MCTS) and/or gnn")
     p.add_argument("--presets", default=",".join(PRESETS), help="clusters of part (c)")
+    p.add_argument("--families", default=",".join(FAMILIES), help="topology families of part (f)")
+    p.add_argument("--family-topologies", type=int, default=4, help="(f) unseen seeds per family and model")
+    p.add_argument("--family-models", default="resnet101,transformer,bert-large",
+                   help="(f) comma-separated zoo models")
     p.add_argument("--holdout", action="append", default=[], metavar="MODEL=POLICY",
                    help="(b) a policy trained with MODEL held out (repeatable, one per model)")
     p.add_argument("--b-topologies", type=int, default=20, help="topologies of part (b) (full-budget searches)")
@@ -120,7 +128,8 @@ class Runner:
         model, label = self.policies[method]
         budget = self.budget if budget is None else budget
         keys = [f"v{CACHE_VERSION}|{label}|{budget}|{stop_on_beat}|{self.config.num_groups}|{i.model}|"
-                f"{i.topology_seed}|{i.cluster}" for i in instances]
+                f"{i.topology_seed}|{i.cluster}" + ("" if i.family == "tag-random" else f"|{i.family}")
+                for i in instances]
         todo = [(k, i) for k, i in zip(keys, instances) if k not in self.cache]
         for done, outcome in enumerate(self.pool.search(self.config, model, [i for _, i in todo], version=hash(label),
                                                         iterations=budget, seed=0, stop_on_beat=stop_on_beat,
@@ -234,12 +243,67 @@ def part_c(runner: Runner, models: list[str], presets: list[str], methods: list[
     return out
 
 
+def part_f(runner: Runner, models: list[str], families: list[str], topologies: int, methods: list[str],
+           verify_budget: int) -> dict[str, Any]:
+    """Per topology family (tag.cluster.families), pooled over ``models`` x ``topologies`` unseen seeds: the
+    iterations to beat DP-NCCL of each method over the beatable instances, and the mean speed-up after the
+    full budget. Held-out families (never drawn in training) are marked."""
+    out: dict[str, Any] = {}
+    for family in families:
+        instances = [Instance(model, EVAL_SEED_START + k, family=family)
+                     for model in models for k in range(topologies)]
+        beat = {m: runner.run(m, instances, stop_on_beat=True) for m in methods if m in runner.policies}
+        full = {m: runner.run(m, instances, stop_on_beat=False) for m in methods if m in runner.policies}
+        row: dict[str, Any] = {"held_out": family in HELD_OUT, "instances": len(instances),
+                               "speedup": {m: float(np.mean([r["speedup"] for r in rows])) for m, rows in full.items()},
+                               "beat": {m: beat_stats(rows, runner.budget) for m, rows in beat.items()}}
+        if "uniform" in beat and "gnn" in beat and verify_budget > runner.budget:
+            row["beatable"] = beatable_stats(runner, instances, beat, verify_budget)
+        out[family] = row
+    return out
+
+
+def family_summary(rows: dict[str, Any]) -> dict[str, Any]:
+    """The issue's two figures over families: pure / GNN iterations to beat DP-NCCL on beatable instances
+    (ratio of the family means, averaged over families), and the worst GNN / pure final speed-up."""
+    ratios, worst = [], None
+    for row in rows.values():
+        beatable = row.get("beatable")
+        if beatable and beatable["gnn"]["mean"]:
+            ratios.append(beatable["uniform"]["mean"] / beatable["gnn"]["mean"])
+        if "uniform" in row["speedup"] and "gnn" in row["speedup"]:
+            ratio = row["speedup"]["gnn"] / row["speedup"]["uniform"]
+            worst = ratio if worst is None else min(worst, ratio)
+    return {"mean_iterations_ratio": float(np.mean(ratios)) if ratios else None, "worst_speedup_ratio": worst}
+
+
+def print_families(result: dict[str, Any], console: Any) -> None:
+    from rich.table import Table
+
+    budget = result["budget"]
+    table = Table(title=f"(f) by topology family ({result['f_topologies']} unseen seeds x {len(result['f_models'])} "
+                        f"models each; * held out of training): iterations to beat DP-NCCL over the beatable "
+                        f"instances, speed-up after {budget}")
+    for column in ("family", "beatable", "pure it.", "GNN it.", "pure / GNN", "pure speed-up", "GNN speed-up"):
+        table.add_column(column, justify="right")
+    for family, row in result["f"].items():
+        beatable = row.get("beatable")
+        pure, gnn = (beatable["uniform"], beatable["gnn"]) if beatable else (None, None)
+        ratio = pure["mean"] / gnn["mean"] if pure and gnn and gnn["mean"] else None
+        table.add_row(family + ("*" if row["held_out"] else ""), _f(pure, "n"), _f(pure, "mean"), _f(gnn, "mean"),
+                      f"{ratio:.2f}x" if ratio else "-", _x(row["speedup"].get("uniform")),
+                      _x(row["speedup"].get("gnn")))
+    console.print(table)
+
+
 def print_tables(result: dict[str, Any]) -> None:
     from rich.console import Console
     from rich.table import Table
 
     console = Console(highlight=False, width=max(Console().width, 140))
     budget = result["budget"]
+    if "f" in result:
+        print_families(result, console)
     if "a" in result:
         table = Table(title=f"(a) TAG Table 7: MCTS iterations until a plan beats DP-NCCL, {result['topologies']} "
                             f"unseen random topologies, budget {budget} (a miss counts as {budget + 1})")
@@ -354,6 +418,15 @@ def main(argv: list[str] | None = None) -> int:
             result["b"] = part_b(runner, models, args.b_topologies)
         if "c" in parts:
             result["c"] = part_c(runner, models, [p for p in args.presets.split(",") if p], methods)
+        if "f" in parts:
+            families = [f for f in args.families.split(",") if f]
+            unknown = [f for f in families if f not in FAMILIES]
+            if unknown:
+                raise SystemExit(f"eval_generalization: unknown topology family {unknown[0]!r}")
+            f_models = [m for m in args.family_models.split(",") if m]
+            result.update(f_topologies=args.family_topologies, f_models=f_models)
+            result["f"] = part_f(runner, f_models, families, args.family_topologies, methods, args.verify_budget)
+            result["f_summary"] = family_summary(result["f"])
     finally:
         runner.close()
     if not args.json:

@@ -21,6 +21,7 @@ from typing import Any
 
 from tag._read import read_input
 from tag._rng import MAX_SEED
+from tag.cluster.families import FAMILIES, HELD_OUT
 from tag.policy import PolicyConfig, PolicyError
 from tag.training.errors import TrainingError
 
@@ -42,6 +43,8 @@ class TrainConfig:
     num_groups: int = 12  # METIS op groups per model: one tree level each
     topology_seeds: tuple[int, int] = (0, EVAL_SEED_START)  # [start, stop) of tag_random seeds for training
     machines: int | None = None  # fix the machine count of random topologies (None: TAG's 1-6)
+    # topology families games draw from, in turn by the game's rng (tag.cluster.families; not the held-out)
+    topology_families: tuple[str, ...] = ("tag-random",)
     # the search of one self-play game
     mcts_iterations: int = 150  # leaves evaluated per game (TAG used thousands; CPU time is short here)
     min_visits: int = 12  # record π at vertices with at least this many visits (TAG: 800)
@@ -81,6 +84,7 @@ class TrainConfig:
         out = dataclasses.asdict(self)
         out["models"] = list(self.models)
         out["topology_seeds"] = list(self.topology_seeds)
+        out["topology_families"] = list(self.topology_families)
         return out
 
     @classmethod
@@ -98,7 +102,7 @@ class TrainConfig:
                 values["policy"] = PolicyConfig.from_dict(values["policy"])
             except (PolicyError, TypeError) as exc:
                 raise TrainingError(f"{where}: [policy]: {exc}") from None
-        for key in ("models", "topology_seeds"):
+        for key in ("models", "topology_seeds", "topology_families"):
             if isinstance(values.get(key), list):
                 values[key] = tuple(values[key])
         try:
@@ -172,6 +176,7 @@ def _validate(config: TrainConfig) -> None:
         raise TrainingError(f"topology_seeds must be [start, stop) with 0 <= start < stop, got {seeds!r}")
     if seeds[1] > EVAL_SEED_START:
         raise TrainingError(f"topology_seeds {list(seeds)} reach into the evaluation seeds (>= {EVAL_SEED_START})")
+    _validate_families(config)
     if config.machines is not None and (not _is_int(config.machines) or not 1 <= config.machines <= 64):
         raise TrainingError(f"machines must be an integer in 1..64 or absent, got {config.machines!r}")
     if config.order not in ORDERS:
@@ -182,3 +187,19 @@ def _validate(config: TrainConfig) -> None:
         raise TrainingError(f"init_policy must be a policy checkpoint path or absent, got {config.init_policy!r}")
     if not isinstance(config.policy, PolicyConfig):
         raise TrainingError(f"policy must be a table of PolicyConfig fields, got {config.policy!r}")
+
+
+def _validate_families(config: TrainConfig) -> None:
+    families = config.topology_families
+    if not isinstance(families, tuple) or not families or not all(isinstance(f, str) for f in families):
+        raise TrainingError(f"topology_families must be a non-empty list of family names, got {families!r}")
+    for family in families:
+        if family not in FAMILIES:
+            raise TrainingError(f"unknown topology family {family!r} (known: {', '.join(FAMILIES)})")
+        if family in HELD_OUT:
+            raise TrainingError(f"topology family {family!r} is held out for evaluation "
+                                f"(held out: {', '.join(HELD_OUT)})")
+    if len(set(families)) != len(families):
+        raise TrainingError(f"topology_families lists a family twice: {list(families)}")
+    if config.machines is not None and families != ("tag-random",):
+        raise TrainingError("machines fixes tag-random's machine count; it cannot apply to other topology families")

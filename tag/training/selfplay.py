@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from tag.cluster import Cluster, tag_random
+from tag.cluster.families import family_cluster
 from tag.graph import OpGraph
 from tag.grouping import GroupGraph, group_ops
 from tag.policy import GNNEvaluator, HeteroPolicy, state_to_data
@@ -41,8 +42,9 @@ class Instance(NamedTuple):
     """A (model, topology) pair to plan for."""
 
     model: str  # zoo name
-    topology_seed: int  # tag_random seed (ignored when ``cluster`` is given)
+    topology_seed: int  # seed of the family's generator (ignored when ``cluster`` is given)
     cluster: str | None = None  # a preset address or spec file instead of a random topology (evaluation)
+    family: str = "tag-random"  # topology family (tag.cluster.families) the seed draws from
 
 
 class Sample(NamedTuple):
@@ -71,12 +73,17 @@ def game_instance(config: TrainConfig, game: int) -> tuple[Instance, np.random.G
     rng = np.random.default_rng([config.seed, _GAME_STREAM, game])
     model = config.models[int(rng.integers(len(config.models)))]
     topology = int(rng.integers(*config.topology_seeds))
-    return Instance(model, topology), rng
+    families = config.topology_families
+    if families == ("tag-random",):  # TAG's generator alone: the draws of runs before families existed
+        return Instance(model, topology), rng
+    return Instance(model, topology, family=families[int(rng.integers(len(families)))]), rng
 
 
 def validation_instances(config: TrainConfig) -> list[Instance]:
-    """The run's validation set: models in turn, topology seeds from VALIDATION_SEED_START."""
-    return [Instance(config.models[k % len(config.models)], VALIDATION_SEED_START + k)
+    """The run's validation set: models and families in turn, topology seeds from VALIDATION_SEED_START."""
+    families = config.topology_families
+    return [Instance(config.models[k % len(config.models)], VALIDATION_SEED_START + k,
+                     family=families[k % len(families)])
             for k in range(config.validation_instances)]
 
 
@@ -94,16 +101,20 @@ def _preset(address: str) -> Cluster:
     return resolve_cluster(address)
 
 
-def _cluster(seed: int, machines: int | None, address: str | None = None) -> Cluster:
-    # Random topologies are built afresh: the compiler caches its work on the Cluster object, and a
-    # cache of clusters that are rarely drawn twice would only keep that memory alive.
-    return _preset(address) if address is not None else tag_random(seed=seed, machines=machines)
+def _cluster(instance: Instance, machines: int | None) -> Cluster:
+    # Random topologies are built afresh: a cache of clusters that are rarely drawn twice would only keep
+    # memory alive.
+    if instance.cluster is not None:
+        return _preset(instance.cluster)
+    if instance.family == "tag-random":
+        return tag_random(seed=instance.topology_seed, machines=machines)
+    return family_cluster(instance.family, instance.topology_seed)
 
 
 def build_instance(instance: Instance, *, num_groups: int, tiny: bool = False, machines: int | None = None
                    ) -> tuple[GroupGraph, Cluster]:
     """The grouped model and the cluster of ``instance`` (graphs and clusters cached per process)."""
-    cluster = _cluster(instance.topology_seed, machines, instance.cluster)
+    cluster = _cluster(instance, machines)
     group_graph = group_ops(_graph(instance.model, tiny), num_groups=num_groups, gpus=cluster, seed=0)
     return group_graph, cluster
 
