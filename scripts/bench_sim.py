@@ -25,7 +25,8 @@ shared machine) with a fresh evaluator (every new (group, layout) and (pair, lay
 fragment is compiled on its first use, as in a search), ``warm_evals_per_s`` on a second pass (every
 fragment cached: the cost of the kernels alone), both with feedback (``--no-feedback`` to skip it);
 ``new_group_fragments`` and ``new_pair_fragments``, the fragments the first pass compiled per evaluation. The
-compile path runs on a fresh Cluster object, its caches cold.
+workloads of one granularity share one :class:`tag.compiler.CompilerCache` (layouts, bundle plans), in the
+order given; the compile path runs with a fresh one, its caches cold.
 The evaluations run with the cyclic garbage collector's view of the setup frozen, as in a search
 (:func:`tag.search.frozen_gc`; ``--no-gc-freeze`` to leave it on every object).
 Single process, one thread. Prints a table, optionally the cProfile hot spots, and ends with one JSON line.
@@ -44,7 +45,7 @@ import time
 import numpy as np
 
 from tag.cluster import resolve_cluster
-from tag.compiler import StrategyEvaluator, compile_strategy, random_strategy
+from tag.compiler import CompilerCache, StrategyEvaluator, compile_strategy, random_strategy
 from tag.graph.resolve import resolve_model
 from tag.grouping import group_ops
 from tag.planner import PlanConfig, load_priors
@@ -97,7 +98,8 @@ def mcts_trace(group_graph, cluster_name: str, count: int, *, seed: int = 0,
     """The first ``count`` strategies ``tag plan``'s MCTS simulates, in its order: its environment and search
     settings (:class:`tag.planner.PlanConfig`'s defaults, first default fill) with ``policy``'s priors (a
     checkpoint; None: uniform), search seed ``seed``, until ``count`` distinct strategies are simulated. On a
-    fresh Cluster object, so that the compiler's per-cluster caches stay cold for the timed evaluator."""
+    fresh Cluster object with the environment's own compiler cache, so that nothing of it is warm for the timed
+    evaluator."""
     config = PlanConfig()
     env = _RecordingEnv(group_graph, resolve_cluster(cluster_name), granularity=config.granularity,
                         order=config.order, fill=config.fills[0], batch_split=config.batch_split, graded_oom=True)
@@ -118,13 +120,14 @@ def measure(evaluator: StrategyEvaluator, strategies: list[Strategy], *, feedbac
 
 
 def measure_compile_path(group_graph, cluster_name: str, strategies, granularity: str, *, feedback: bool) -> dict:
-    """The plain path: compile_strategy, then simulate_fast on its TaskGraph; times per evaluation in ms. On a
-    fresh Cluster object, so that none of the compiler's per-cluster caches are warm from the evaluator."""
+    """The plain path: compile_strategy, then simulate_fast on its TaskGraph; times per evaluation in ms. With a
+    fresh compiler cache (shared by these strategies), so that nothing is warm from the evaluator."""
     cluster = resolve_cluster(cluster_name)
+    cache = CompilerCache()
     compile_s = simulate_s = 0.0
     for strategy in strategies:
         t0 = time.perf_counter()
-        plan = compile_strategy(group_graph, strategy, cluster, granularity=granularity)
+        plan = compile_strategy(group_graph, strategy, cluster, granularity=granularity, cache=cache)
         t1 = time.perf_counter()
         simulate_fast(plan.taskgraph, feedback=feedback)
         compile_s += t1 - t0
@@ -137,10 +140,9 @@ def measure_compile_path(group_graph, cluster_name: str, strategies, granularity
 
 
 def load_kernels(group_graph, cluster_name: str, granularity: str, count: int = 8) -> None:
-    """Evaluate ``count`` random strategies (every option) on a throwaway evaluator over a fresh Cluster
-    object: numba compiles or loads each kernel at its first call, and a timed pass must not pay for that
-    (after a code change, when the on-disk cache is stale, it costs seconds), while the compiler's
-    per-cluster caches stay cold for the timed evaluator."""
+    """Evaluate ``count`` random strategies (every option) on a throwaway evaluator with its own compiler cache:
+    numba compiles or loads each kernel at its first call, and a timed pass must not pay for that (after a code
+    change, when the on-disk cache is stale, it costs seconds), while the timed evaluator's caches stay cold."""
     cluster = resolve_cluster(cluster_name)
     evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity)
     for k in range(count):
@@ -208,11 +210,13 @@ def main() -> None:
     rows = []
     for granularity in args.granularity:
         load_kernels(group_graph, args.cluster, granularity)
+        cache = CompilerCache()  # the workloads' layouts and bundle plans, shared in the order given
         for workload in args.workload:
             strategies = workloads[workload]
             t0 = time.perf_counter()
             # room for every fragment of the workload, so that the second pass measures the kernels alone
-            evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, max_cached_tasks=30_000_000)
+            evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, max_cached_tasks=30_000_000,
+                                          cache=cache)
             result = evaluator(Strategy.data_parallel(g, cluster))  # the evaluator's tables
             setup_s = time.perf_counter() - t0
             before = evaluator.cached_fragments()

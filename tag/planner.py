@@ -21,7 +21,7 @@ import numpy as np
 
 from tag.baselines import BaselineResult, run_baselines
 from tag.cluster import Cluster
-from tag.compiler import DEFAULT_FUSION_BYTES, CompiledPlan, compile_strategy
+from tag.compiler import DEFAULT_FUSION_BYTES, CompiledPlan, CompilerCache, compile_strategy
 from tag.cost import CostModel
 from tag.graph import OpGraph
 from tag.grouping import DEFAULT_NUM_GROUPS, GroupGraph, group_ops
@@ -206,12 +206,13 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
     fills = config.oom_fills if baselines[0].oom else config.fills
     fills = fills if config.search == "mcts" else fills[:1]
     searches, seeds = [], []
+    compiler_cache = CompilerCache()  # the searches' compiled fragments, shared by the fills
     for k, fill in enumerate(fills):  # the budget split evenly over the fills, the remainder to the first
         share = None if iterations is None else iterations // len(fills) + (k < iterations % len(fills))
         if share == 0:
             continue
         env = PlacementEnv(group_graph, cluster, granularity=config.granularity, order=config.order, fill=fill,
-                           batch_split=config.batch_split, graded_oom=True)
+                           batch_split=config.batch_split, graded_oom=True, compiler_cache=compiler_cache)
         if fill == "staged":
             seeds.append(env.strategy(env.root()))
         report = _offset_progress(progress, searches, iterations, seconds)

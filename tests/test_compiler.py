@@ -12,6 +12,7 @@ from tag.compiler import (
     ADAM_COPIES,
     CompileCheckError,
     CompileError,
+    CompilerCache,
     StrategyEvaluator,
     check_compiled,
     compile_strategy,
@@ -234,6 +235,7 @@ def test_updates_reading_their_parameters_are_cut_only_after_a_long_chunk(cap, m
     gradients g1, g2, a backward op h reading g1 and W1, and the updates, in the order u1a, u1b (reads W1),
     u2a, u2b (reads W2), in group 1; u1a is long, the other updates short. h's read of W1 still cuts."""
     import tag.compiler.tables as tables_module
+    from tag.compiler.cache import compiler_tables
 
     row = (ROLE_OPTIMIZER, NONE, False)
     graph = graph_of(
@@ -256,7 +258,7 @@ def test_updates_reading_their_parameters_are_cut_only_after_a_long_chunk(cap, m
     monkeypatch.setattr(tables_module, "OPTIMIZER_CHUNK_S", limit)
     cluster = make_cluster(1, [0])
     gg = GroupGraph.from_assignment(graph, np.array([0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1]), gpus=cluster)
-    tables = tables_module.compiler_tables(gg, cluster, gg.cost, "group")
+    tables = compiler_tables(gg, cluster, gg.cost, "group")
     units = [(int(role), ops.tolist()) for ops, role in zip(tables.unit_ops, tables.unit_role)]
     assert [ops for role, ops in units if role == ROLE_OPTIMIZER] == expected
     assert [ops for role, ops in units if role == ROLE_BACKWARD] == [[4], [5], [10]]  # other reads still cut
@@ -269,7 +271,7 @@ def test_ops_of_no_time_stay_in_the_chunk_of_the_op_before_them(case):
     ends when the view does. Group 0: x -> s -> a -> v (a view of a) -> b; group 1: c reads a, and v if the
     view emits; group 2: x2 -> y, and v reads y if the view reads another group: then v starts a chunk for
     that read, which b joins. Cutting after every emitter gave [a], [v], [b] or [a], [v, b]."""
-    from tag.compiler.tables import compiler_tables
+    from tag.compiler.cache import compiler_tables
 
     graph = graph_of(
         [("x", ROLE_INPUT, CONCAT, True, 0.0, 4e6, 0.0), ("s", ROLE_FORWARD, CONCAT, True, 1e9, 4e6, 0.0),
@@ -401,7 +403,8 @@ def _bundles_use_by_use(tables, use_ids, op_unit, skip_local, op_device):
 def test_make_bundles_equals_a_use_by_use_loop(bert_tiny, granularity):
     """make_bundles (array operations) gives the loop's bundles, in its order, with Python numbers: over all
     uses with static units, and per pair with a model-parallel group's ops on random pieces and devices."""
-    from tag.compiler.tables import compiler_tables, make_bundles
+    from tag.compiler.cache import compiler_tables
+    from tag.compiler.tables import make_bundles
 
     gg, cluster = bert_tiny
     tables = compiler_tables(gg, cluster, gg.cost, granularity)
@@ -441,8 +444,9 @@ def test_dynamic_bundles_in_one_call_equal_one_call_per_pair(bert_tiny, granular
     of a make_bundles call for that pair alone, from replicated and from model-parallel producers alike, with
     the op → unit map given or made from the layouts, and a pair listed twice is made once."""
     from tag.compiler.compile import _Compiler
-    from tag.compiler.layout import cluster_context, group_layout
-    from tag.compiler.tables import compiler_tables, make_bundles
+    from tag.compiler.cache import cluster_context, compiler_tables
+    from tag.compiler.layout import group_layout
+    from tag.compiler.tables import make_bundles
     from tag.compiler.generate import random_strategy
 
     gg, cluster = bert_tiny
@@ -482,13 +486,13 @@ def test_model_parallel_cut_equals_a_unit_by_unit_cut(bert_tiny, granularity, mo
     device is one piece, a unit over several is one piece per device (ascending) where those pieces form a
     DAG and one piece per op where they do not. Random op → device maps make both kinds common."""
     from tag.compiler import layout as layout_module
-    from tag.compiler.tables import compiler_tables
+    from tag.compiler.cache import cluster_context, compiler_tables
     from tag.grouping import quotient_is_dag
     from tag.grouping.metis import GroupSplitter
 
     gg, cluster = bert_tiny
     tables = compiler_tables(gg, cluster, gg.cost, granularity)
-    context = layout_module.cluster_context(cluster, tables)
+    context = cluster_context(cluster, tables)
     rng = np.random.default_rng(3)
     maps = {}
     monkeypatch.setattr(GroupSplitter, "split", lambda self, speeds, **_: maps.setdefault(
@@ -672,8 +676,7 @@ def test_parameter_server_costs_equal_hop_bandwidths(bert_tiny):
     """ClusterContext.server caches single-hop bandwidths per (worker, server): the same latency and Σ 1/β as
     hop_bandwidths over each worker's hop, on a cluster whose machines share NICs, for new device sets and
     for device sets whose hops were all seen before."""
-    from tag.compiler.layout import cluster_context
-    from tag.compiler.tables import compiler_tables
+    from tag.compiler.cache import cluster_context, compiler_tables
     from tag.cost.comm import hop_bandwidths
 
     gg, cluster = bert_tiny
@@ -691,8 +694,8 @@ def test_parameter_server_costs_equal_hop_bandwidths(bert_tiny):
 def test_replica_row_ranges_are_in_order(bert_tiny, batch_split):
     """A split layout's replicas hold consecutive row ranges [lo, hi) in device order, covering [0, 1): the
     order the compiler's overlap scan relies on (it stops at the first holder past the rows a consumer needs)."""
-    from tag.compiler.layout import cluster_context, group_layout
-    from tag.compiler.tables import compiler_tables
+    from tag.compiler.cache import cluster_context, compiler_tables
+    from tag.compiler.layout import group_layout
 
     gg, cluster = bert_tiny
     context = cluster_context(cluster, compiler_tables(gg, cluster, gg.cost, "group"))
@@ -738,7 +741,11 @@ def test_evaluator_cache_bound_and_entry_points(bert_tiny):
         expected = simulate_fast(compile_strategy(gg, strategy, cluster).taskgraph)
         assert_same_result(small(strategy), expected)
         assert_same_result(evaluate_strategy(gg, strategy, cluster), expected)
-    assert strategy_evaluator(gg, cluster) is strategy_evaluator(gg, cluster)  # cached with the cluster's tables
+    cache = CompilerCache()
+    assert strategy_evaluator(gg, cluster, cache=cache) is strategy_evaluator(gg, cluster, cache=cache)  # kept there
+    assert strategy_evaluator(gg, cluster) is not strategy_evaluator(gg, cluster)  # no cache: nothing kept
+    assert not any(isinstance(v, (dict, StrategyEvaluator)) and k.startswith("_compiler")
+                   for k, v in {**vars(gg), **vars(cluster)}.items())  # nothing stashed on the grouping or cluster
     assert evaluate_strategy(gg, strategies[0], cluster, feedback=False).feedback is None
 
 

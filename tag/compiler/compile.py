@@ -92,7 +92,8 @@ from tag.sim import (
 )
 from tag.strategy import OPTIONS, PS, Strategy, device_group_sizes
 from tag.compiler.errors import CompileError
-from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, compute_block, group_layout
+from tag.compiler.cache import CompilerCache, cluster_context, compiler_tables
+from tag.compiler.layout import ClusterContext, GroupLayout, compute_block, group_layout
 from tag.compiler.tables import (
     DEMAND_SUM,
     GRANULARITIES,
@@ -101,7 +102,6 @@ from tag.compiler.tables import (
     SUMS,
     Bundle,
     CompilerTables,
-    compiler_tables,
     make_bundles,
 )
 
@@ -271,17 +271,17 @@ class CompiledPlan:
 
 def compile_strategy(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *,
                      cost: CostModel | None = None, granularity: str = "group",
-                     fusion_bytes: float | None = None) -> CompiledPlan:
+                     fusion_bytes: float | None = None, cache: CompilerCache | None = None) -> CompiledPlan:
     """Lower ``strategy`` for ``group_graph`` on ``cluster`` to a :class:`CompiledPlan` (module docstring).
 
     ``granularity``: ``"group"`` (one task per unit per replica, units cut at boundary tensors; what search
     simulates with :func:`tag.sim.simulate_fast`, checked against the reference), ``"merged"`` (the units of
     one part run as one task, with lags; about half the tasks), ``"part"`` (coarser and about 4x fewer
     tasks, less faithful) or ``"op"`` (one task per op per replica; the reference).
-    ``cost``: the cost model for op times (default: the one the grouping was made with). Everything that
-    does not depend on the strategy is cached on ``group_graph`` and ``cluster`` (tables of units, uses
-    and bundles; per-group layouts; per-bundle plans for each pair of layouts), so repeated calls with
-    strategies that share groups' placements are cheaper.
+    ``cost``: the cost model for op times (default: the one the grouping was made with). ``cache``: where
+    everything that does not depend on the strategy is kept (tables of units, uses and bundles; per-group
+    layouts; per-bundle plans for each pair of layouts), so that repeated calls given the same cache with
+    strategies that share groups' placements are cheaper (None: nothing is kept past this call).
     ``fusion_bytes``: fuse the all-reduces of gradients (tensors only optimizer ops read) over one device
     set into buckets of at least this many bytes, in topological order of the units producing them
     (Horovod's tensor fusion); each bucket waits only for the tasks producing its tensors. None: one
@@ -301,8 +301,8 @@ def compile_strategy(group_graph: GroupGraph, strategy: Strategy, cluster: Clust
     if fusion_bytes is not None and not fusion_bytes > 0:
         raise CompileError(f"fusion_bytes must be positive or None, got {fusion_bytes!r}")
     cost = cost if cost is not None else group_graph.cost
-    tables = compiler_tables(group_graph, cluster, cost, granularity)
-    context = cluster_context(cluster, tables)
+    tables = compiler_tables(group_graph, cluster, cost, granularity, cache=cache)
+    context = cluster_context(cluster, tables, cache=cache)
     return _Compiler(tables, context, strategy, fusion_bytes).run()
 
 

@@ -93,8 +93,9 @@ from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_
 from tag.strategy import BATCH_SPLITS, OPTIONS, PS, Strategy, device_group_sizes
 from tag.compiler.compile import _EMPTY, ADAM_COPIES, _Compiler, collective_resources, skeleton_key
 from tag.compiler.errors import CompileError
-from tag.compiler.layout import ClusterContext, GroupLayout, cluster_context, group_layouts, unit_durations
-from tag.compiler.tables import DEMAND_SUM, GRANULARITIES, ROWS, SUMS, Bundle, CompilerTables, compiler_tables
+from tag.compiler.cache import CompilerCache, cluster_context, compiler_tables
+from tag.compiler.layout import ClusterContext, GroupLayout, group_layouts, unit_durations
+from tag.compiler.tables import DEMAND_SUM, GRANULARITIES, ROWS, SUMS, Bundle, CompilerTables
 
 __all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
 
@@ -622,19 +623,21 @@ class StrategyEvaluator:
     ``evaluator(strategy)`` returns the :class:`~tag.sim.SimulationResult` of
     ``simulate_fast(compile_strategy(group_graph, strategy, cluster, granularity=...).taskgraph)``, with
     task ids equal to that TaskGraph's. ``max_cached_tasks`` bounds the arena: past it, every fragment is
-    dropped and rebuilt on demand.
+    dropped and rebuilt on demand. ``cache``: where the compiler's tables and the cluster's context are
+    found or kept (:class:`~tag.compiler.cache.CompilerCache`; None: made for this evaluator alone).
     """
 
     def __init__(self, group_graph: GroupGraph, cluster: Cluster, *, granularity: str = "group",
-                 cost: CostModel | None = None, max_cached_tasks: int = DEFAULT_MAX_CACHED_TASKS) -> None:
+                 cost: CostModel | None = None, max_cached_tasks: int = DEFAULT_MAX_CACHED_TASKS,
+                 cache: CompilerCache | None = None) -> None:
         if granularity not in GRANULARITIES:
             raise CompileError(f"granularity must be one of {', '.join(map(repr, GRANULARITIES))}, got {granularity!r}")
         self.group_graph = group_graph
         self.cluster = cluster
         self.granularity = granularity
         cost = cost if cost is not None else group_graph.cost
-        self.tables: CompilerTables = compiler_tables(group_graph, cluster, cost, granularity)
-        self.context: ClusterContext = cluster_context(cluster, self.tables)
+        self.tables: CompilerTables = compiler_tables(group_graph, cluster, cost, granularity, cache=cache)
+        self.context: ClusterContext = cluster_context(cluster, self.tables, cache=cache)
         self.max_cached_tasks = max_cached_tasks
         self._sizes = device_group_sizes(cluster)
         self._sizes_bytes = self._sizes.astype(np.int64).tobytes()  # what _check compares a strategy's sizes to
@@ -2246,20 +2249,24 @@ def _replica(unit, device, replicas, index, devices, model_parallel):
 
 
 def strategy_evaluator(group_graph: GroupGraph, cluster: Cluster, *, granularity: str = "group",
-                       cost: CostModel | None = None) -> StrategyEvaluator:
-    """The :class:`StrategyEvaluator` of (grouping, cluster, granularity, cost model), cached with the
-    compiler's per-cluster tables (it dies with the cluster)."""
-    tables = compiler_tables(group_graph, cluster, cost if cost is not None else group_graph.cost, granularity)
-    context = cluster_context(cluster, tables)
-    if context.evaluator is None:
-        context.evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, cost=cost)
-    return context.evaluator
+                       cost: CostModel | None = None, cache: CompilerCache | None = None) -> StrategyEvaluator:
+    """The :class:`StrategyEvaluator` of (grouping, cluster, granularity, cost model): ``cache``'s, made and kept
+    there on a miss (None: a new one, kept nowhere)."""
+    key = (id(group_graph), id(cluster), granularity, cost)
+    evaluator = None if cache is None else cache.evaluators.get(key)
+    if evaluator is None:
+        evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity, cost=cost, cache=cache)
+        if cache is not None:
+            cache.evaluators[key] = evaluator  # the evaluator holds the grouping and the cluster
+    return evaluator
 
 
 def evaluate_strategy(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *, granularity: str = "group",
-                      cost: CostModel | None = None, feedback: bool = True,
-                      raise_on_oom: bool = False) -> SimulationResult:
+                      cost: CostModel | None = None, feedback: bool = True, raise_on_oom: bool = False,
+                      cache: CompilerCache | None = None) -> SimulationResult:
     """``simulate_fast(compile_strategy(group_graph, strategy, cluster, granularity=...).taskgraph)``, from
-    cached fragments (module docstring): what search calls. Same SimulationResult, bit for bit."""
-    return strategy_evaluator(group_graph, cluster, granularity=granularity, cost=cost)(
+    cached fragments (module docstring): what search calls, with the :class:`~tag.compiler.cache.CompilerCache`
+    its owner keeps for the run (None: every fragment built for this call). Same SimulationResult, bit for
+    bit."""
+    return strategy_evaluator(group_graph, cluster, granularity=granularity, cost=cost, cache=cache)(
         strategy, feedback=feedback, raise_on_oom=raise_on_oom)

@@ -2,7 +2,8 @@
 
 A group's :class:`GroupLayout` depends only on its own placement row, option and the batch split, so it
 is cached per (group, row) in the :class:`ClusterContext` of the cluster, next to the other
-cluster-dependent tables (effective bandwidths, ring and parameter-server parameters).
+cluster-dependent tables (effective bandwidths, ring and parameter-server parameters). A context is made
+by :func:`make_context` and kept in the caller's :class:`~tag.compiler.cache.CompilerCache`.
 
 **Batch rows as intervals.** The global batch is the interval [0, 1). The R replicas of a batch-split
 group (all-reduce or PS, R ≥ 2) hold consecutive intervals in device order, of lengths equal to their
@@ -17,7 +18,7 @@ between two devices inside one role), that unit's ops become pieces of their own
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from tag.grouping.metis import GroupSplitter
 from tag.strategy import MODEL_PARALLEL, SYNC_OPTIONS, Strategy
 from tag.compiler.tables import CompilerTables
 
-__all__ = ["GroupLayout", "Piece", "ClusterContext", "cluster_context", "compute_block", "group_layout",
+__all__ = ["GroupLayout", "Piece", "ClusterContext", "make_context", "compute_block", "group_layout",
            "group_layouts", "unit_durations"]
 
 _MAX_CACHED_LAYOUTS = 100_000  # group layouts kept per (grouping, cluster) before the cache is emptied
@@ -101,7 +102,6 @@ class ClusterContext:
     plans: dict = field(default_factory=dict)  # the compiler's per-bundle plans, keyed by bundle and layouts
     skeletons: dict = field(default_factory=dict)  # bundle plans without bytes, keyed by bundle kind and layouts
     compute_resources: list = field(default_factory=list)  # [D] (device,): a compute task's resources
-    evaluator: Any = None  # the StrategyEvaluator of these tables on this cluster (tag.compiler.evaluate)
     _offsets: dict = field(default_factory=dict)
 
     def offsets(self, devices: tuple[int, ...]) -> dict:
@@ -148,20 +148,8 @@ class ClusterContext:
         return found
 
 
-_CACHE_ATTRIBUTE = "_compiler_contexts"  # where the contexts live on a Cluster (they die with it)
-
-
-def cluster_context(cluster: Cluster, tables: CompilerTables) -> ClusterContext:
-    """The context of ``cluster`` for ``tables`` (layouts hold the tables' compute times), cached."""
-    per_cluster = cluster.__dict__.setdefault(_CACHE_ATTRIBUTE, {})
-    context = per_cluster.get(id(tables))
-    if context is None or context.tables is not tables:
-        context = _make_context(cluster, tables)
-        per_cluster[id(tables)] = context
-    return context
-
-
-def _make_context(cluster: Cluster, tables: CompilerTables) -> ClusterContext:
+def make_context(cluster: Cluster, tables: CompilerTables) -> ClusterContext:
+    """A new context of ``cluster`` for ``tables`` (layouts hold the tables' compute times), its caches empty."""
     d = cluster.num_devices
     machine = np.asarray(cluster.machine)
     nic = np.asarray(cluster.nic_bandwidth, dtype=np.float64)

@@ -1,7 +1,8 @@
 """What the compiler knows before it sees a strategy: units, tensor uses, bundles, time coefficients.
 
 Everything here depends only on the grouping, the cluster's GPU types, the cost model and the
-granularity, so :func:`compiler_tables` builds it once and caches it on the GroupGraph.
+granularity, so :func:`build_tables` runs once per planning run: :func:`tag.compiler.cache.compiler_tables`
+keeps its tables in the caller's :class:`~tag.compiler.cache.CompilerCache`.
 
 **Units.** The compute tasks of one device are units of ops:
 
@@ -78,7 +79,6 @@ from typing import NamedTuple
 import numpy as np
 
 from tag._arrays import csr_by_key
-from tag.cluster import Cluster
 from tag.cost import CostModel
 from tag.graph.opgraph import (
     ROLE_INPUT,
@@ -102,7 +102,7 @@ __all__ = [
     "NO_UNIT",
     "CompilerTables",
     "Bundle",
-    "compiler_tables",
+    "build_tables",
     "op_demand",
     "make_bundles",
     "always_local",
@@ -209,24 +209,12 @@ class CompilerTables:
         return self.group_graph.op_graph
 
 
-_CACHE_ATTRIBUTE = "_compiler_tables"  # where the tables live on a GroupGraph (they die with it)
-
-
-def compiler_tables(group_graph: GroupGraph, cluster: Cluster, cost: CostModel, granularity: str) -> CompilerTables:
-    """The tables of ``group_graph`` for the GPU types of ``cluster``, cached on the GroupGraph."""
-    per_graph = group_graph.__dict__.setdefault(_CACHE_ATTRIBUTE, {})
-    key = (granularity, tuple(t.name for t in cluster.types), cost)
-    tables = per_graph.get(key)
-    if tables is None:
-        tables = _build_tables(group_graph, tuple(cluster.types), cost, granularity)
-        per_graph[key] = tables
-    return tables
-
-
 # --------------------------------------------------------------------------------------------- construction
 
 
-def _build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: str) -> CompilerTables:
+def build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: str) -> CompilerTables:
+    """The tables of grouping ``gg`` for the GPU types ``types`` under ``cost`` at ``granularity`` (module
+    docstring)."""
     graph = gg.op_graph
     n = graph.num_ops
     assignment = gg.assignment

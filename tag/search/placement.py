@@ -33,7 +33,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tag.cluster import Cluster
-from tag.compiler import evaluate_strategy
+from tag.compiler import CompilerCache, evaluate_strategy
 from tag.cost import CostModel
 from tag.grouping import GroupGraph
 from tag.search.base import PlacementState
@@ -102,20 +102,24 @@ class PlacementEnv:
     :func:`~tag.compiler.compile_strategy`. ``batch_split``: of the strategies searched ("even" as in the
     paper, or "speed"); the DP-NCCL reference always splits evenly. ``keep_feedback``: keep the
     simulator's feedback of every cached strategy for the evaluator (cheap next to compiling).
+    ``compiler_cache``: the compiler's tables, layouts and fragments (:class:`~tag.compiler.CompilerCache`),
+    shared with the caller's other environments on the same grouping and cluster (None: the environment's own).
 
-    One environment holds one cache: give each search a fresh environment to compare budgets fairly.
+    One environment holds one cache of results: give each search a fresh environment to compare budgets fairly.
     """
 
     def __init__(self, group_graph: GroupGraph, cluster: Cluster, *,
                  candidates: tuple[np.ndarray, np.ndarray] | None = None, cost: CostModel | None = None,
                  granularity: str = "group", batch_split: str = "even", keep_feedback: bool = True,
-                 order: str = "compute", fill: str = "first", graded_oom: bool = False) -> None:
+                 order: str = "compute", fill: str = "first", graded_oom: bool = False,
+                 compiler_cache: CompilerCache | None = None) -> None:
         if order not in ORDERS:
             raise SearchError(f"order must be one of {', '.join(ORDERS)}, got {order!r}")
         if fill not in FILLS:
             raise SearchError(f"fill must be one of {', '.join(FILLS)}, got {fill!r}")
         self.fill = fill
         self.graded_oom = graded_oom
+        self.compiler_cache = compiler_cache if compiler_cache is not None else CompilerCache()
         self.group_graph = group_graph
         self.cluster = cluster
         self.cost = cost
@@ -135,7 +139,8 @@ class PlacementEnv:
         self.dp_nccl = Strategy.data_parallel(self.num_groups, cluster, option=ALLREDUCE)
         self._root_fill = Strategy.data_parallel(self.num_groups, cluster, option=ALLREDUCE, batch_split=batch_split)
         if fill == "staged":
-            staged = staged_strategy(group_graph, cluster, cost=cost, granularity=granularity, batch_split=batch_split)
+            staged = staged_strategy(group_graph, cluster, cost=cost, granularity=granularity, batch_split=batch_split,
+                                     cache=self.compiler_cache)
             self._root_fill = staged if staged is not None else self._root_fill
         dp = self.simulate(self.dp_nccl)
         if dp.feasible:
@@ -226,7 +231,8 @@ class PlacementEnv:
         if hit is not None:
             return hit
         result = evaluate_strategy(self.group_graph, strategy, self.cluster, cost=self.cost,
-                                   granularity=self.granularity, feedback=self.keep_feedback)
+                                   granularity=self.granularity, feedback=self.keep_feedback,
+                                   cache=self.compiler_cache)
         overflow = 0.0 if result.feasible else float(np.max(result.peak_memory / result.memory_capacity)) - 1.0
         simulated = Simulated(result.iteration_time, result.feasible, result.oom_device, result.feedback, overflow)
         self._cache[strategy] = simulated

@@ -28,7 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from tag.cluster import Cluster
-from tag.compiler import evaluate_strategy
+from tag.compiler import CompilerCache, evaluate_strategy
 from tag.compiler.compile import ADAM_COPIES
 from tag.cost import CostModel
 from tag.graph.opgraph import ROLES
@@ -81,15 +81,17 @@ def layer_positions(group_graph: GroupGraph) -> np.ndarray:
 
 
 def staged_strategy(group_graph: GroupGraph, cluster: Cluster, *, cost: CostModel | None = None,
-                    granularity: str = "group", batch_split: str = "even", max_rounds: int = MAX_ROUNDS
-                    ) -> Strategy | None:
+                    granularity: str = "group", batch_split: str = "even", max_rounds: int = MAX_ROUNDS,
+                    cache: CompilerCache | None = None) -> Strategy | None:
     """A plan of contiguous group runs on device groups that the simulator finds feasible (module
     docstring), or None when no budget the rounds reach gives one."""
     members = [np.flatnonzero(cluster.device_group == m) for m in range(cluster.num_device_groups)]
     capacity = np.array([cluster.memory_bytes()[d].min() for d in members])  # [M] the smallest member's
     sequence = np.argsort(layer_positions(group_graph), kind="stable")  # [G] groups in layer order
     persistent, activations = group_memory(group_graph)
-    activations = activations * _kept_fraction(group_graph, cluster, persistent, activations, cost, granularity)
+    cache = cache if cache is not None else CompilerCache()  # the rounds evaluate on one grouping and cluster
+    activations = activations * _kept_fraction(group_graph, cluster, persistent, activations, cost, granularity,
+                                               cache)
     runs = _Runs(group_graph, cluster, members, sequence, persistent[sequence], activations[sequence])
     budget = INITIAL_BUDGET * capacity  # [M]
     for _ in range(max_rounds):
@@ -97,7 +99,8 @@ def staged_strategy(group_graph: GroupGraph, cluster: Cluster, *, cost: CostMode
         if cut is None:
             return None
         strategy = _strategy(cut, sequence, cluster, batch_split)
-        result = evaluate_strategy(group_graph, strategy, cluster, cost=cost, granularity=granularity, feedback=False)
+        result = evaluate_strategy(group_graph, strategy, cluster, cost=cost, granularity=granularity, feedback=False,
+                                   cache=cache)
         if result.feasible:
             return strategy
         peak = np.array([result.peak_memory[d].max() for d in members])  # [M]
@@ -107,13 +110,14 @@ def staged_strategy(group_graph: GroupGraph, cluster: Cluster, *, cost: CostMode
 
 
 def _kept_fraction(group_graph: GroupGraph, cluster: Cluster, persistent: np.ndarray, activations: np.ndarray,
-                   cost: CostModel | None, granularity: str) -> float:
+                   cost: CostModel | None, granularity: str, cache: CompilerCache) -> float:
     """The fraction of forward outputs that the simulator holds at its peak under data parallelism over
     every device (each device keeps 1/D of the batch's activations and all of the persistent state)."""
     if activations.sum() <= 0:
         return 1.0
     dp = Strategy.data_parallel(group_graph.num_groups, cluster, option=ALLREDUCE)
-    result = evaluate_strategy(group_graph, dp, cluster, cost=cost, granularity=granularity, feedback=False)
+    result = evaluate_strategy(group_graph, dp, cluster, cost=cost, granularity=granularity, feedback=False,
+                               cache=cache)
     held = (float(result.peak_memory.max()) - persistent.sum()) * cluster.num_devices
     return float(np.clip(held / activations.sum(), 0.05, 1.0))
 
