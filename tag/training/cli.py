@@ -22,7 +22,7 @@ def add_train_parser(subparsers: Any) -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="DIR", help="run folder: checkpoint.pt, policy.pt, history.json, "
                                                 "tensorboard/ (default: runs/<config name>)")
     p.add_argument("--resume", action="store_true", help="continue the run whose checkpoint is in --out")
-    from tag.cli import _int_in  # the argument types of every command, with their ranges in the message
+    from tag.cli.args import int_in as _int_in  # the argument types of every command, with their ranges
 
     p.add_argument("--steps", type=_int_in(1, 10**9, "1..10^9"), metavar="N",
                    help="total gradient steps (overrides the config's)")
