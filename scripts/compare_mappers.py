@@ -5,11 +5,11 @@ and pipeline shape (S, D/S): cut a zoo model into S stages (PipeDream-style cont
 M = min(S, batch/R) micro-batches), build the Parmesan mapping problem (seconds per iteration), and place
 it with every mapper: the exact solver (binary search + DFS, with a time limit), the learned mapper (the
 mapping GNN's greedy decode on tag.search.MappingEnv, its greedy decodes under rising thresholds of the
-stage time (tag.policy.mapping.THRESHOLD_STEPS), then ``--learned-discrepancies`` one-discrepancy
+stage time (tag.planners.learned_mapper.THRESHOLD_STEPS), then ``--learned-discrepancies`` one-discrepancy
 leaves (default: one per stage replica) and ``--learned-iterations`` MCTS leaves with its priors and greedy
 fill, stopping once a map meets the quick lower bound; the shipped checkpoints/tag-mapper.pt, trained on
 other models and topology seeds), the learned mapper's fast setting ("learned fast": no discrepancy pass
-and tag.policy.mapping.FAST_MAPPER_ITERATIONS MCTS leaves), pure MCTS (uniform priors), CS map and p2p map. Gap =
+and tag.planners.learned_mapper.FAST_MAPPER_ITERATIONS MCTS leaves), pure MCTS (uniform priors), CS map and p2p map. Gap =
 (t − bound) / t against the exact solver's bound: the optimum when it was proven, else its best lower bound.
 
 Writes a markdown report and two plots (median gap and median solve time against devices) and prints the
@@ -41,8 +41,8 @@ from tag._atomic import atomic_write_text
 from tag.cluster import resolve_cluster
 from tag.exact.heuristics import cs_map, p2p_map
 from tag.exact.mapping import MappingProblem, choose_instantiation, max_stage_time, solve_mapping
-from tag.policy.mapping import (FAST_MAPPER_DISCREPANCIES, FAST_MAPPER_ITERATIONS, MappingPolicy,
-                               learned_mapping, resolve_mapping_policy)
+from tag.planners.learned_mapper import FAST_MAPPER_DISCREPANCIES, FAST_MAPPER_ITERATIONS, learned_mapping
+from tag.policy.mapping import MappingPolicy, resolve_mapping_policy
 from tag.search import MappingEnv, mcts_search, uniform_mapping_evaluator
 from tag.training.mapper import zoo_stage_graph
 

@@ -108,7 +108,8 @@ def _strategy_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say:
 def _pipeline_rows(graph: OpGraph, cluster: Cluster, config: CompareConfig, say: Progress,
                    cost: CostModel | None = None) -> list[dict[str, Any]]:
     from tag.errors import TagError
-    from tag.exact import make_mapper, plan_pipeline, simulate_pipeline
+    from tag.exact import plan_pipeline, simulate_pipeline
+    from tag.planners.mappers import make_mapper
 
     rows = []
     say("Parmesan partition + exact map")

@@ -142,7 +142,7 @@ def _policy_checkpoint(path: Path, config: dict) -> str:
 
 
 def _mapping_checkpoint(path: Path, config: dict) -> str:
-    import tag.policy.mapping as mapping
+    import tag.policy.mapping.checkpoint as mapping
 
     payload = {"format": mapping.CHECKPOINT_FORMAT, "version": mapping.CHECKPOINT_VERSION,
                "feature_version": mapping.MAPPING_FEATURE_VERSION, "config": config, "model": {}, "step": 0}

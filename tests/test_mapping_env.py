@@ -59,7 +59,8 @@ def test_mcts_finds_the_optimum_of_small_instances(seed):
 
 def test_mcts_mapper_places_a_pipeline_and_reports_its_bound():
     from tag.cluster import resolve_cluster
-    from tag.exact import make_mapper, plan_pipeline
+    from tag.exact import plan_pipeline
+    from tag.planners.mappers import make_mapper
     from tag.graph.resolve import resolve_model
 
     graph = resolve_model("vgg19", tiny=True)

@@ -1,5 +1,5 @@
 """The learned stage-to-device mapper: its GNN, decoder, training and checkpoints (tag.policy.mapping,
-tag.training.mapper)."""
+tag.training.mapper) and its search (tag.planners.learned_mapper)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import torch
 from conftest import run_json
 
 from tag.cluster import resolve_cluster
-from tag.exact import make_mapper
 from tag.exact.heuristics import cs_map
 from tag.exact.mapping import ALLREDUCE, P2P, MappingProblem, max_stage_time
 from tag.policy.errors import PolicyError
@@ -19,14 +18,16 @@ from tag.policy.mapping import (
     MappingPolicy,
     MappingPolicyConfig,
     imitation_loss,
-    learned_mapping,
     load_mapping_policy,
     numpy_tables,
     save_mapping_policy,
+    search_order,
     shipped_mapping_checkpoint,
     teacher_forced_logits,
 )
-from tag.policy.mapping import _median_and_reciprocal_median, _ring_hops
+from tag.policy.mapping.instance import _median_and_reciprocal_median, _ring_hops
+from tag.planners.learned_mapper import learned_mapping
+from tag.planners.mappers import make_mapper
 from tag.search import MappingEnv
 from tag.search.errors import SearchError
 from tag.training.errors import TrainingError
@@ -140,7 +141,6 @@ def test_bounded_decodes_from_the_greedy_prefix_equal_decodes_from_scratch(clust
     policy = MappingPolicy(SMALL)
     memo = MappingDecoder(policy, instance)
     greedy = memo.complete([])
-    env.fill = None
     top, low = env.evaluate(tuple(greedy)).time, instance.scale  # the scale is the quick lower bound
     results = []
     for i in range(12):
@@ -233,16 +233,13 @@ def test_greedy_completion_and_fill_extend_the_state():
     decoder = MappingDecoder(policy, instance)
     full = decoder.complete([5, 2])
     assert full[:2] == [5, 2] and sorted(full) == list(range(8))
-    prefix = [5, 2]  # the fill is the step-by-step argmax of the logits (its crowding updated in place)
-    while len(prefix) < instance.num_slots:
-        prefix.append(int(np.argmax(np.round(decoder.reference_logits(prefix), 6))))
-    assert full == prefix
-    env.fill = decoder.complete
-    mapping = env.mapping((5, 2))
+    # the fill is the step-by-step argmax of the logits (its crowding updated in place)
+    assert full == decoder.reference_complete([5, 2])
+    mapping = MappingEnv(problem, instantiation=P2P, fill=decoder.complete).mapping((5, 2))
     assert mapping[env.slot_stage[0], env.slot_replica[0]] == 5
-    env.fill = lambda state: list(state) + [0] * (8 - len(state))  # repeats device 0
+    repeats = MappingEnv(problem, instantiation=P2P, fill=lambda state: list(state) + [0] * (8 - len(state)))
     with pytest.raises(SearchError, match="distinct devices"):
-        env.mapping((5,))
+        repeats.mapping((5,))
 
 
 def _trained_sign_policy(seed: int = 0) -> MappingPolicy:
@@ -282,7 +279,8 @@ def test_memoised_decoder_equals_a_fresh_one_on_every_prefix(mode, cluster):
 def test_greedy_kernel_is_the_argmax_of_the_step_by_step_logits_compiled_or_not(mode, cluster, monkeypatch):
     """The compiled completion takes, slot by slot, the device of highest rounded logit that
     :meth:`MappingDecoder.logits` (numpy, as training) gives; run as plain Python, it gives the same."""
-    import tag.policy.mapping as mapping
+    from tag.policy.mapping import decoder as decoder_module
+    from tag.policy.mapping import instance as instance_module
 
     devices = resolve_cluster(cluster).num_devices
     problem = _problem(8, 4, devices // 4, cluster, latency=True)
@@ -295,9 +293,11 @@ def test_greedy_kernel_is_the_argmax_of_the_step_by_step_logits_compiled_or_not(
     while len(stepped) < instance.num_slots:
         stepped.append(int(np.argmax(np.round(reference.reference_logits(stepped), 6))))
     assert compiled == stepped
-    for name in ("_greedy_kernel", "_slot_step", "_return_row", "_opening_row"):
-        kernel = getattr(mapping, name)
-        monkeypatch.setattr(mapping, name, getattr(kernel, "py_func", kernel))
+    for module, name in ((decoder_module, "_greedy_kernel"), (decoder_module, "_slot_step"),
+                         (decoder_module, "_return_row"), (decoder_module, "_opening_row"),
+                         (instance_module, "_return_row"), (instance_module, "_opening_row")):
+        kernel = getattr(module, name)
+        monkeypatch.setattr(module, name, getattr(kernel, "py_func", kernel))
     assert MappingDecoder(policy, instance).complete(prefix) == compiled
 
 
@@ -431,7 +431,7 @@ def test_running_time_bounds_the_objective_and_bounded_completions_give_up_only_
 
 @pytest.mark.parametrize("mode", [P2P, ALLREDUCE])
 def test_discrepancy_pass_never_loses_to_the_greedy_decode_and_stops_at_its_budget(mode, monkeypatch):
-    monkeypatch.setattr("tag.policy.mapping._threshold_pass", lambda env, decoder, best, *args: best)
+    monkeypatch.setattr("tag.planners.learned_mapper._threshold_pass", lambda env, decoder, best, *args: best)
     problem = _problem(7, 4, 4, "random-blk-1:16,seed=4")
     policy = _trained_sign_policy()
     greedy = learned_mapping(problem, policy, instantiation=mode, iterations=0, discrepancies=0)
@@ -449,12 +449,11 @@ def test_discrepancy_pass_never_loses_to_the_greedy_decode_and_stops_at_its_budg
 def test_threshold_pass_climbs_from_the_lower_bound_and_never_loses(monkeypatch):
     """The pass decodes under thresholds rising geometrically from the lower bound towards the greedy
     decode's time, and keeps the greedy leaf unless a decode is faster."""
-    from tag.policy.mapping import THRESHOLD_STEPS, _threshold_pass
+    from tag.planners.learned_mapper import THRESHOLD_STEPS, _threshold_pass
 
     problem = _problem(3, 4, 4, "mesh2d:4x4")
-    env, instance = _instance(problem, ALLREDUCE)
-    decoder = MappingDecoder(_trained_sign_policy(), instance)
-    env.fill = decoder.complete
+    decoder = MappingDecoder(_trained_sign_policy(), MappingInstance.build(problem, ALLREDUCE, *search_order(problem)))
+    env = MappingEnv(problem, instantiation=ALLREDUCE, fill=decoder.complete)
     greedy = env.evaluate(env.root())
     bounds = []
     original = MappingDecoder.complete
@@ -479,12 +478,12 @@ def test_learned_mapper_is_valid_and_never_worse_than_cs(mode):
 
 def test_learned_mapper_skips_the_search_when_the_greedy_decode_meets_the_bound(monkeypatch):
     """Equal links and one GPU type: every mapping meets the quick lower bound, so no MCTS runs."""
-    import tag.search
+    import tag.planners.learned_mapper
 
     problem = MappingProblem(np.array([1.0, 2.0]), np.array([0]), np.array([1]), np.array([1e8]),
                              np.array([1e9, 1e9]), 3, np.full((6, 6), 1e10))
-    monkeypatch.setattr(tag.search, "mcts_search", lambda *args, **kwargs: pytest.fail("the search ran"))
-    monkeypatch.setattr("tag.policy.mapping._discrepancy_pass", lambda *args: pytest.fail("the pass ran"))
+    monkeypatch.setattr(tag.planners.learned_mapper, "mcts_search", lambda *args, **kwargs: pytest.fail("the search ran"))
+    monkeypatch.setattr("tag.planners.learned_mapper._discrepancy_pass", lambda *args: pytest.fail("the pass ran"))
     for mode in (P2P, ALLREDUCE):
         mapping = learned_mapping(problem, MappingPolicy(SMALL), instantiation=mode)
         assert sorted(mapping.reshape(-1).tolist()) == list(range(6))

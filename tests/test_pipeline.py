@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from tag.cluster import Cluster, gpu_type, resolve_cluster
-from tag.exact.mappers import make_mapper, pipeline_problem
+from tag.exact.mappers import pipeline_problem
 from tag.exact.mapping import solve_mapping
 from tag.exact.pipeline import (
     compile_pipeline,
@@ -20,6 +20,7 @@ from tag.exact.pipeline import (
 from tag.exact.schedules import Action, format_grid, stage_order, stage_orders, unit_time_schedule
 from tag.exact.stage_graph import ForwardGraph, PartitionError, StageGraph, build_stage_graph, inflight_micro_batches
 from tag.graph.pipedream import load_pipedream
+from tag.planners.mappers import make_mapper
 from tag.sim import TASK_COLLECTIVE, TASK_TRANSFER, device_schedule, simulate, simulate_fast
 
 PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pipedream-profiles"

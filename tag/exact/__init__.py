@@ -13,7 +13,7 @@ from tag.exact.mapping import (
     solve_mapping,
     stage_times,
 )
-from tag.exact.mappers import MAPPERS, make_mapper, pipeline_problem
+from tag.exact.mappers import MAPPERS, pipeline_problem
 from tag.exact.partition import (
     PartitionResult,
     dp_over_downsets,
@@ -41,7 +41,7 @@ from tag.exact.stage_graph import ForwardGraph, PartitionError, StageGraph, assi
 __all__ = [
     # mapping (Parmesan §V)
     "MappingProblem", "MappingResult", "MappingError", "solve_mapping", "stage_times", "max_stage_time",
-    "choose_instantiation", "cs_map", "p2p_map", "random_map", "MAPPERS", "make_mapper", "pipeline_problem",
+    "choose_instantiation", "cs_map", "p2p_map", "random_map", "MAPPERS", "pipeline_problem",
     # partitioning (Parmesan §IV, RaNNC §III-C) and pipeline plans
     "downsets", "unique_topological_order", "DownsetLimitError", "DEFAULT_DOWNSET_LIMIT",
     "ForwardGraph", "StageGraph", "PartitionError", "assign_owners", "build_stage_graph",

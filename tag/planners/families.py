@@ -22,11 +22,12 @@ import numpy as np
 from tag.baselines import run_baselines
 from tag.cluster import Cluster
 from tag.cost import CostModel
-from tag.exact import make_mapper, plan_pipeline
+from tag.exact import plan_pipeline
 from tag.exact.stage_graph import ForwardGraph, PartitionError
 from tag.graph.opgraph import OpGraph
 from tag.graphpipe import plan_graph_pipeline
 from tag.planner import COMPARED_BASELINES, PlanConfig, PlanOutcome, Priors, plan_training
+from tag.planners.mappers import make_mapper
 from tag.search import ProgressCallback
 
 __all__ = ["Candidate", "FAMILIES", "PIPELINE_PARTITIONERS", "placement_candidates", "data_parallel_candidates",
