@@ -23,6 +23,7 @@ from tag.policy import (
     PLACED_ON,
     PLACEMENT_FEATURES,
     TENSOR_FEATURES,
+    FeatureCache,
     GNNEvaluator,
     PolicyConfig,
     PolicyError,
@@ -168,6 +169,28 @@ def test_missing_feedback(vgg, testbed):
         assert torch.all(data[OP].x[:, OP_FEATURES.index(name)] == 0)
     assert torch.all(data[LINK].edge_attr[:, LINK_FEATURES.index("link_idle")] == 0)
     assert torch.all(data[LINK].edge_attr[:, LINK_FEATURES.index("no_feedback")] == 1)
+
+
+def test_feature_cache_builds_each_pair_once_and_leaves_the_grouping_alone(state, vgg, testbed):
+    """A FeatureCache builds the static part of a (grouping, cluster) pair once and shares it between the
+    states of that pair; the features equal those built without a cache; nothing is stored on the
+    GroupGraph; a full cache starts afresh."""
+    before = set(vars(vgg))
+    cache = FeatureCache(max_pairs=2)
+    first, second = state_to_data(state, cache), state_to_data(make_state(vgg, testbed, decided=0), cache)
+    assert len(cache) == 1 and second[FEEDS].edge_index is first[FEEDS].edge_index
+    plain = state_to_data(state)
+    assert plain[FEEDS].edge_index is not first[FEEDS].edge_index
+    for store in (OP, DEVICE):
+        assert torch.equal(plain[store].x, first[store].x)
+    for relation in (FEEDS, LINK, PLACED_ON):
+        assert torch.equal(plain[relation].edge_attr, first[relation].edge_attr)
+    assert set(vars(vgg)) == before
+    others = [scaled_cluster(testbed, c) for c in (2.0, 3.0)]
+    state_to_data(state._replace(cluster=others[0]), cache)
+    assert len(cache) == 2
+    state_to_data(state._replace(cluster=others[1]), cache)
+    assert len(cache) == 1  # full: started afresh with the new pair
 
 
 def test_bad_state(state, testbed):

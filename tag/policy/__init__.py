@@ -25,6 +25,7 @@ from tag.policy.features import (
     PLACEMENT_FEATURES,
     RELATION_FEATURES,
     TENSOR_FEATURES,
+    FeatureCache,
     state_to_data,
 )
 from tag.policy.gnn import (
@@ -38,7 +39,7 @@ from tag.policy.gnn import (
 )
 
 __all__ = [
-    "state_to_data", "HeteroPolicy", "PolicyConfig", "build_policy", "GNNEvaluator",
+    "state_to_data", "FeatureCache", "HeteroPolicy", "PolicyConfig", "build_policy", "GNNEvaluator",
     "action_logits", "action_log_probs", "policy_loss", "segment_log_softmax",
     "save_policy", "load_policy", "shipped_policy_path", "PolicyCheckpoint", "PolicyError", "CHECKPOINT_FORMAT", "CHECKPOINT_VERSION",
     "OP", "DEVICE", "ACTION", "FEEDS", "FED_BY", "LINK", "PLACED_ON", "HOSTS", "IN_MASK", "DECIDES", "GNN_RELATIONS",

@@ -9,7 +9,7 @@ import torch
 from torch_geometric.data import Batch
 
 from tag.policy.errors import PolicyError
-from tag.policy.features import ACTION, state_to_data
+from tag.policy.features import ACTION, FeatureCache, state_to_data
 from tag.policy.gnn import HeteroPolicy, action_log_probs
 from tag.search.base import PlacementState
 
@@ -23,7 +23,8 @@ class GNNEvaluator:
     candidates); ``evaluator.batch(states)`` does the same for several states with one batched forward.
     Runs under ``torch.no_grad()``; the policy has no dropout or normalisation statistics, so the output
     does not depend on train/eval mode and is deterministic for given weights. ``device``: where to run
-    (default: where the model's parameters are).
+    (default: where the model's parameters are). The static features of each (grouping, cluster) the
+    evaluator sees are built once, in its own :class:`~tag.policy.features.FeatureCache`.
     """
 
     def __init__(self, model: HeteroPolicy, *, device: str | torch.device | None = None) -> None:
@@ -31,11 +32,12 @@ class GNNEvaluator:
             raise PolicyError(f"GNNEvaluator needs a HeteroPolicy, got {type(model).__name__}")
         self.model = model
         self.device = torch.device(device) if device is not None else next(model.parameters()).device
+        self.features = FeatureCache()
 
     def __call__(self, state: PlacementState) -> np.ndarray:
         if len(state.options) == 0:
             return np.zeros(0)
-        data = state_to_data(state).to(self.device)
+        data = state_to_data(state, self.features).to(self.device)
         with torch.no_grad():
             log_probs, _ = action_log_probs(self.model, data)
         return _priors(log_probs)
@@ -46,7 +48,7 @@ class GNNEvaluator:
         out = [np.zeros(0) for _ in states]
         if not live:
             return out
-        batch = Batch.from_data_list([state_to_data(states[k]) for k in live]).to(self.device)
+        batch = Batch.from_data_list([state_to_data(states[k], self.features) for k in live]).to(self.device)
         with torch.no_grad():
             log_probs, _ = action_log_probs(self.model, batch)
         bounds = batch[ACTION].ptr.tolist()  # [S+1] first action of each state

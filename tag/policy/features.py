@@ -26,7 +26,8 @@ type :data:`ACTION` (A candidate actions, ``option`` [A] int64) and two relation
 convolve, :data:`IN_MASK` (device group j → action a wherever mask P_aj = 1) and :data:`DECIDES` (the
 next op group → every action).
 
-Everything that depends only on (grouping, cluster) is computed once and cached on the GroupGraph.
+Everything that depends only on (grouping, cluster) is computed once per pair in a :class:`FeatureCache`
+that the caller owns and passes in (a :class:`~tag.policy.GNNEvaluator` keeps one for its searches).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ __all__ = [
     "FEEDS", "FED_BY", "LINK", "PLACED_ON", "HOSTS", "IN_MASK", "DECIDES", "GNN_RELATIONS",
     "OP_FEATURES", "DEVICE_FEATURES", "TENSOR_FEATURES", "LINK_FEATURES", "PLACEMENT_FEATURES",
     "RELATION_FEATURES", "NODE_FEATURES", "FEATURE_VERSION",
-    "state_to_data",
+    "state_to_data", "FeatureCache",
 ]
 
 OP = "op_group"
@@ -116,8 +117,7 @@ FEATURE_VERSION = 1
 # Parameter, gradient buffer and Adam's two moments (tag.cost.memory): what a replica keeps per parameter byte.
 _PARAM_COPIES = 2 + OPTIMIZER_STATE_COPIES["adam"]
 _MAX_MEMORY_RATIO = 8.0  # memory ratios are clipped here: far beyond capacity is all the same to the policy
-_CACHE_ATTRIBUTE = "_policy_static"  # where the static features live on a GroupGraph (they die with it)
-_MAX_CACHED_CLUSTERS = 16
+_MAX_CACHED_PAIRS = 16  # (grouping, cluster) pairs a FeatureCache keeps before it starts afresh
 
 
 class _Static(NamedTuple):
@@ -138,14 +138,39 @@ class _Static(NamedTuple):
     capacity: np.ndarray  # [M] bytes per device
 
 
-def state_to_data(state: PlacementState) -> HeteroData:
+class FeatureCache:
+    """The static features of (grouping, cluster) pairs, each built once: what :func:`state_to_data`
+    reuses across the states of one search. Its owner keeps it for as long as it sees the same
+    groupings and clusters; it holds at most ``max_pairs`` pairs (and a reference to each grouping and
+    cluster, so that their ids cannot be reused while an entry lives) and starts afresh when full."""
+
+    def __init__(self, *, max_pairs: int = _MAX_CACHED_PAIRS) -> None:
+        self.max_pairs = max_pairs
+        self._entries: dict[tuple[int, int], tuple[GroupGraph, _Static]] = {}  # (id(grouping), id(cluster)) ->
+
+    def static(self, group_graph: GroupGraph, cluster: Cluster) -> _Static:
+        """The static features of (``group_graph``, ``cluster``), built on the first request."""
+        key = (id(group_graph), id(cluster))
+        entry = self._entries.get(key)
+        if entry is None or entry[0] is not group_graph or entry[1].cluster is not cluster:
+            if len(self._entries) >= self.max_pairs:
+                self._entries.clear()
+            entry = self._entries[key] = (group_graph, _build_static(group_graph, cluster))
+        return entry[1]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
+def state_to_data(state: PlacementState, cache: FeatureCache | None = None) -> HeteroData:
     """The features of ``state`` (module docstring) as a HeteroData; float32 features, int64 indices.
 
-    The static edge tensors are shared with the (grouping, cluster) cache: treat them as read-only.
+    ``cache``: where the static features of the state's (grouping, cluster) are kept between calls (None:
+    built for this call alone). The static edge tensors are shared with the cache: treat them as read-only.
     PolicyError when the state's arrays disagree with its grouping or cluster.
     """
     _check_state(state)
-    static = _static(state.group_graph, state.cluster)
+    static = (FeatureCache() if cache is None else cache).static(state.group_graph, state.cluster)
     data = HeteroData()
     data[OP].x = torch.from_numpy(_op_features(state, static))
     data[DEVICE].x = torch.from_numpy(_device_features(state, static))
@@ -223,17 +248,6 @@ def _link_features(state: PlacementState, static: _Static) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------------------------- static
-
-
-def _static(group_graph: GroupGraph, cluster: Cluster) -> _Static:
-    """The static features of (``group_graph``, ``cluster``), cached on the GroupGraph."""
-    per_graph = group_graph.__dict__.setdefault(_CACHE_ATTRIBUTE, {})
-    entry = per_graph.get(id(cluster))
-    if entry is None or entry.cluster is not cluster:
-        if len(per_graph) >= _MAX_CACHED_CLUSTERS:
-            per_graph.clear()
-        entry = per_graph[id(cluster)] = _build_static(group_graph, cluster)
-    return entry
 
 
 def _build_static(gg: GroupGraph, cluster: Cluster) -> _Static:
