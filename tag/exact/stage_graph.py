@@ -64,6 +64,7 @@ from tag.graph.opgraph import (
     SPLIT_CONCAT,
     OpGraph,
 )
+from tag.strategy.pipeline_plan import LINKS, MAX_MICRO_BATCHES  # the plan file's vocabulary, defined below us
 
 __all__ = [
     "PartitionError",
@@ -80,9 +81,6 @@ __all__ = [
 # fp32 Adam keeps the weights, their gradients and two moments: four copies of the parameters.
 ADAM_MEMORY_COPIES = 4
 SCHEDULES = ("1f1b", "gpipe")
-# stage edges of a StageGraph (module docstring, Links): direct data edges, or a sequential chain
-LINKS = ("data", "chain")
-MAX_MICRO_BATCHES = 4096  # far past any useful pipeline; the task graph grows with S x M
 _STATEFUL_KINDS = frozenset({"parameter", "optimizer_state"})
 _NONE = -1
 

@@ -35,7 +35,6 @@ import numpy as np
 from tag._atomic import atomic_write_text
 from tag._schema import check_header
 from tag.cluster import Cluster
-from tag.exact.stage_graph import LINKS, MAX_MICRO_BATCHES
 from tag.graph import OpGraph
 from tag.strategy.errors import PlanError
 from tag.strategy.fingerprint import graph_fingerprint
@@ -55,6 +54,9 @@ __all__ = [
 ]
 
 PIPELINE_KIND = "pipeline"
+# stage edges of a pipeline (tag.exact.stage_graph, Links): direct data edges, or a sequential chain
+LINKS = ("data", "chain")
+MAX_MICRO_BATCHES = 4096  # far past any useful pipeline; the task graph grows with S x M
 
 
 @dataclass(frozen=True, eq=False)
