@@ -22,6 +22,7 @@ import logging
 from typing import Sequence
 
 import numpy as np
+from networkx.utils import UnionFind
 
 from tag._arrays import least_first_order
 from tag.exact.stage_graph import PartitionError
@@ -57,9 +58,10 @@ def cluster_operators(num_nodes: int, edge_src: Sequence[int], edge_dst: Sequenc
         if a != b:
             succ[a][b] = succ[a].get(b, 0.0) + w
             pred[b][a] = pred[b].get(a, 0.0) + w
-    leader = list(range(num_nodes))  # union-find parent
+    alive = [True] * num_nodes  # [N] not yet fused into another node: the node that stands for its hyper-op
+    fused = UnionFind(range(num_nodes))  # the hyper-op of every node
     version = [0] * num_nodes
-    alive = num_nodes
+    remaining = num_nodes
     heap: list[tuple[float, int, int, int, int]] = []
 
     def push(u: int, v: int) -> None:
@@ -70,32 +72,25 @@ def cluster_operators(num_nodes: int, edge_src: Sequence[int], edge_dst: Sequenc
         for v in succ[u]:
             push(u, v)
     heapq.heapify(heap)
-    while alive > num_clusters and heap:
+    while remaining > num_clusters and heap:
         _, u, v, ver_u, ver_v = heapq.heappop(heap)
-        if leader[u] != u or leader[v] != v or version[u] != ver_u or version[v] != ver_v or v not in succ[u]:
+        if not (alive[u] and alive[v]) or version[u] != ver_u or version[v] != ver_v or v not in succ[u]:
             continue
         if memory[u] + memory[v] > memory_limit or _other_path(succ, u, v):
             continue
-        _fuse(u, v, succ, pred, leader, cost, memory)
+        _fuse(u, v, succ, pred, cost, memory)
+        alive[v] = False
+        fused.union(u, v)
         version[u] += 1
-        alive -= 1
+        remaining -= 1
         for w in succ[u]:
             heapq.heappush(heap, (cost[u] + cost[w] - alpha * succ[u][w], u, w, version[u], version[w]))
         for p in pred[u]:
             heapq.heappush(heap, (cost[p] + cost[u] - alpha * succ[p][u], p, u, version[p], version[u]))
-    if alive > num_clusters:
+    if remaining > num_clusters:
         log.info("operator clustering stopped at %d hyper-ops (asked for %d): no convex, memory-feasible "
                  "adjacent pair is left", alive, num_clusters)
-    return _topological_ids(num_nodes, src, dst, leader)
-
-
-def _find(leader: list[int], v: int) -> int:
-    root = v
-    while leader[root] != root:
-        root = leader[root]
-    while leader[v] != root:
-        leader[v], v = root, leader[v]
-    return root
+    return _topological_ids(num_nodes, src, dst, fused, alive)
 
 
 def _other_path(succ: list[dict[int, float]], u: int, v: int) -> bool:
@@ -113,7 +108,7 @@ def _other_path(succ: list[dict[int, float]], u: int, v: int) -> bool:
     return False
 
 
-def _fuse(u: int, v: int, succ, pred, leader, cost, memory) -> None:
+def _fuse(u: int, v: int, succ, pred, cost, memory) -> None:
     """Fuse v into u (u → v); edges of v move to u, weights of parallel edges add up."""
     del succ[u][v]
     del pred[v][u]
@@ -126,13 +121,16 @@ def _fuse(u: int, v: int, succ, pred, leader, cost, memory) -> None:
         succ[p][u] = succ[p].get(u, 0.0) + weight
         pred[u][p] = pred[u].get(p, 0.0) + weight
     succ[v], pred[v] = {}, {}
-    leader[v] = u
     cost[u] += cost[v]
     memory[u] += memory[v]
 
 
-def _topological_ids(num_nodes: int, src: np.ndarray, dst: np.ndarray, leader: list[int]) -> np.ndarray:
-    roots = np.array([_find(leader, v) for v in range(num_nodes)], dtype=np.int64)
+def _topological_ids(num_nodes: int, src: np.ndarray, dst: np.ndarray, fused: UnionFind,
+                     alive: list[bool]) -> np.ndarray:
+    """[N] hyper-op id of each node: hyper-ops first numbered by the node that stands for each (the one
+    never fused into another), then renumbered in a least-first topological order of their DAG."""
+    standing = {fused[u]: u for u in range(num_nodes) if alive[u]}  # the set's representative -> its node
+    roots = np.array([standing[fused[v]] for v in range(num_nodes)], dtype=np.int64)
     unique, group = np.unique(roots, return_inverse=True)
     q_src, q_dst = quotient_edges(group, src, dst)
     count = unique.size

@@ -55,6 +55,7 @@ from typing import Iterator, Sequence
 import networkx as nx
 import numpy as np
 import pymetis
+from networkx.utils import UnionFind
 
 from tag._rng import as_rng
 from tag.cluster.gpus import GPUType
@@ -183,34 +184,20 @@ def op_atoms(graph: OpGraph) -> np.ndarray:
     topo = graph.topological_order()
     position = np.empty(n, dtype=np.int64)
     position[topo] = np.arange(n)
-    parent = np.arange(n)
-
-    def find(x: int) -> int:
-        root = x
-        while parent[root] != root:
-            root = parent[root]
-        while parent[x] != root:
-            parent[x], x = root, parent[x]
-        return root
-
-    def union(a: int, b: int) -> None:
-        ra, rb = find(a), find(b)
-        if ra != rb:
-            parent[max(ra, rb)] = min(ra, rb)
-
+    atoms = UnionFind(range(n))  # any representative will do: atoms are renumbered by their first op below
     optimizer = graph.role == ROLE_OPTIMIZER
     for k in np.flatnonzero(optimizer[graph.edge_src] & optimizer[graph.edge_dst]):
-        union(int(graph.edge_src[k]), int(graph.edge_dst[k]))
+        atoms.union(int(graph.edge_src[k]), int(graph.edge_dst[k]))
     for op in np.flatnonzero(graph.role == ROLE_INPUT):
         consumers = graph.successors(op)
         if consumers.size == 0:
             continue
-        roots = {find(int(c)) for c in consumers}
+        roots = {atoms[int(c)] for c in consumers}
         if optimizer[consumers].all() and len(roots) == 1:
-            union(int(op), int(consumers[0]))  # an optimizer state: only its update reads it
+            atoms.union(int(op), int(consumers[0]))  # an optimizer state: only its update reads it
         else:
-            union(int(op), int(consumers[np.argmin(position[consumers])]))
-    root = np.array([find(i) for i in range(n)])
+            atoms.union(int(op), int(consumers[np.argmin(position[consumers])]))
+    root = np.array([atoms[i] for i in range(n)], dtype=np.int64)
     atom = _renumber_by_first(root, topo)
     if not quotient_is_dag(graph.edge_src, graph.edge_dst, atom):
         atom = _break_cyclic_atoms(graph, atom, topo)
