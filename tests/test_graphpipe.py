@@ -291,28 +291,77 @@ def test_iteration_estimate_puts_each_step_after_its_last_backward_pass():
     assert _iteration_estimate(part, backward_share=0.5) == pytest.approx(14.0)
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_the_sequential_chains_are_simulated_so_the_graph_plan_never_loses(seed):
-    """By construction: the PipeDream-style and Parmesan sequential pipelines (run as chains) and their
-    stages run as graphs are candidates scored by the same simulator, so the plan is never slower than
-    either, nor than the graph-only search."""
+def _mixed_cluster(rng):
+    """Two machines of different GPU generations, fast inside, slow between: 2-5 devices."""
+    fast, slow = int(rng.integers(1, 3)), int(rng.integers(1, 4))
+    return build_cluster("mixed", [Machine("v100-16gb", fast, 50e9), Machine("1080ti", slow, 12e9)],
+                         network_bandwidth=float(rng.uniform(1e9, 10e9)))
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_sequential_plans_are_simulated_so_the_graph_plan_never_loses(seed):
+    """By construction, on branched graphs over mixed GPU generations: every sequential partitioner's
+    plan, with chain and with data stage edges, is a candidate as it is (its own schedule and simulated
+    iteration) and as a graph of its stages, so the graph plan is never slower than any of them, nor
+    than the graph-only search; a sequential plan that wins keeps its partitioner's name."""
     rng = np.random.default_rng(400 + seed)
     graph = _random_fork_join(rng)
-    cluster = _cluster(int(rng.integers(2, 5)))
+    cluster = _mixed_cluster(rng)
     plan = plan_graph_pipeline(graph, cluster)
     graph_only = plan_graph_pipeline(graph, cluster, sequential=())
-    chains = {name: plan_pipeline(graph, cluster, partitioner=name, auto=True, links="chain")
-              for name in ("pipedream", "parmesan")}
-    assert plan.iteration_time <= min(graph_only.iteration_time,
-                                      *(c.iteration_time for c in chains.values())) * (1 + 1e-9)
-    assert plan.info["chosen"] in ("graphpipe", *chains, *(f"{name}-graph" for name in chains))
-    for name, chain in chains.items():
-        simulated = [row for row in plan.info["search"] if row["method"] == name]
-        assert len(simulated) == 1
-        assert simulated[0]["iteration_time_s"] == pytest.approx(chain.iteration_time, rel=1e-9)
-        as_graph = [row for row in plan.info["search"] if row["method"] == f"{name}-graph"]
-        assert len(as_graph) == 1 and as_graph[0]["stages"] == chain.num_stages
+    sequential = {f"{name}:{links}": plan_pipeline(graph, cluster, partitioner=name, auto=True, links=links)
+                  for name in ("pipedream", "parmesan", "rannc") for links in ("chain", "data")}
+    fastest = min(graph_only.iteration_time, *(p.iteration_time for p in sequential.values()))
+    assert plan.iteration_time <= fastest * (1 + 1e-9)
+    assert plan.info["chosen"] in ("graphpipe", *sequential, *(f"{label}-graph" for label in sequential))
+    rows = {row["method"]: row for row in plan.info["search"]}
+    for label, seq in sequential.items():
+        assert rows[label]["iteration_time_s"] == pytest.approx(seq.iteration_time, rel=1e-9)
+        assert rows[label]["stages"] == seq.num_stages
+    as_is = plan.info["chosen"] in sequential
+    assert plan.partitioner == (plan.info["chosen"].split(":")[0] if as_is else "graphpipe")
     assert {row["method"] for row in graph_only.info["search"]} == {"graphpipe"}
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_plans_given_to_the_graph_planner_set_its_floor_and_replay_as_they_are(seed):
+    """The pipeline family's mapped plans (exact mapper, any placement) given to the graph planner: its
+    plan is never slower than any of them, and when one wins as it is, its plan file's replay (the
+    sequential schedule) simulates the same iteration."""
+    from tag.exact import replay_pipeline
+    from tag.planners.mappers import make_mapper
+
+    rng = np.random.default_rng(500 + seed)
+    graph = _random_fork_join(rng)
+    cluster = _mixed_cluster(rng)
+    given = [plan_pipeline(graph, cluster, partitioner=name, auto=True, mapper=make_mapper("exact", time_limit=2))
+             for name in ("parmesan", "pipedream", "rannc")]
+    plan = plan_graph_pipeline(graph, cluster, sequential=(), sequential_plans=given)
+    assert plan.iteration_time <= min(p.iteration_time for p in given) * (1 + 1e-9)
+    # the search alone cannot beat a given plan it holds, so forcing a tie makes one win as it is
+    tie = plan_graph_pipeline(graph, cluster, sequential=(), sequential_plans=given, slack=0.0, micro_batches=1)
+    winner = tie if tie.partitioner != "graphpipe" else plan
+    if winner.partitioner != "graphpipe":
+        sg = winner.stage_graph
+        again = replay_pipeline(graph, cluster, forward_assignment=sg.forward_assignment,
+                                replicas=sg.replicas.tolist(), micro_batches=sg.micro_batches,
+                                mapping=winner.mapping, schedule=winner.schedule,
+                                links=sg.info.get("links", "data"))
+        assert again.iteration_time == pytest.approx(winner.iteration_time, rel=1e-9)
+
+
+def test_a_time_limit_stops_the_graph_search_with_the_plans_it_was_given():
+    """A limit too short for any search still returns the best plan given to it."""
+    rng = np.random.default_rng(9)
+    graph = _random_fork_join(rng)
+    cluster = _mixed_cluster(rng)
+    given = plan_pipeline(graph, cluster, partitioner="parmesan", auto=True)
+    plan = plan_graph_pipeline(graph, cluster, sequential_plans=[given], time_limit_s=1e-9)
+    assert plan.info["stopped_at_limit"]
+    assert plan.iteration_time <= given.iteration_time * (1 + 1e-9)
+    assert [row["method"] for row in plan.info["search"]] == ["parmesan:data"]
+    with pytest.raises(PartitionError, match="time_limit_s"):
+        plan_graph_pipeline(graph, cluster, time_limit_s=0)
 
 
 def test_partitioner_reports_memory_infeasibility():

@@ -14,6 +14,7 @@ from tag.graphpipe.partition import (
 from tag.graphpipe.pipeline import (
     DEFAULT_SLACK,
     SEQUENTIAL,
+    SEQUENTIAL_LINKS,
     TAIL_SHARES,
     GraphPipelinePlan,
     compile_graph_pipeline,
@@ -58,4 +59,5 @@ __all__ = [
     # plans
     "compile_graph_pipeline", "simulate_graph_pipeline", "graph_stage_graph", "GraphPipelinePlan",
     "plan_graph_pipeline", "replay_graph_pipeline", "DEFAULT_SLACK", "TAIL_SHARES", "SEQUENTIAL",
+    "SEQUENTIAL_LINKS",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -117,21 +117,27 @@ def data_parallel_candidates(graph: OpGraph, cluster: Cluster, *, config: PlanCo
 
 
 def pipeline_candidates(graph: OpGraph, cluster: Cluster, *, cost: CostModel | None = None,
-                        mapper_time_limit: float = 10.0,
-                        partitioners: tuple[str, ...] = PIPELINE_PARTITIONERS) -> list[Candidate]:
-    """Each partitioner's best sequential pipeline ((S, R, M) searched, then the exact mapper)."""
+                        mapper_time_limit: float = 10.0, partitioners: tuple[str, ...] = PIPELINE_PARTITIONERS,
+                        time_limit_s: float | None = None) -> list[Candidate]:
+    """Each partitioner's best sequential pipeline ((S, R, M) searched, then the exact mapper). With
+    ``time_limit_s`` each partitioner searches for an even share of what the ones before it left, and
+    its mapper for at most ``mapper_time_limit`` of that share."""
     out = []
-    for partitioner in partitioners:
+    deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
+    for k, partitioner in enumerate(partitioners):
         start = time.perf_counter()
+        share = None if deadline is None else max(deadline - start, 1e-3) / (len(partitioners) - k)
+        mapper = make_mapper("exact", time_limit=mapper_time_limit if share is None
+                             else max(min(mapper_time_limit, share / 4), 1e-3))
         try:
-            plan = plan_pipeline(graph, cluster, auto=True, partitioner=partitioner, cost=cost,
-                                 mapper=make_mapper("exact", time_limit=mapper_time_limit))
+            plan = plan_pipeline(graph, cluster, auto=True, partitioner=partitioner, cost=cost, mapper=mapper,
+                                 time_limit_s=None if share is None else share * 3 / 4)
         except PartitionError as error:
             out.append(_failed("pipeline", partitioner, time.perf_counter() - start, str(error)))
             continue
         out.append(Candidate("pipeline", partitioner, float(plan.iteration_time), bool(plan.result.feasible),
                              float(plan.result.peak_memory.max()), time.perf_counter() - start, plan,
-                             _pipeline_shape(plan)))
+                             _pipeline_shape(plan), info={"stopped_at_limit": plan.info.get("stopped_at_limit")}))
     return out
 
 
@@ -157,19 +163,25 @@ def fastest_pipeline(graph: OpGraph, cluster: Cluster, *, partitioners: tuple[st
     return best
 
 
-def graph_pipeline_candidates(graph: OpGraph, cluster: Cluster, *, cost: CostModel | None = None) -> list[Candidate]:
-    """GraphPipe's plan when the model branches; a skipped row otherwise."""
+def graph_pipeline_candidates(graph: OpGraph, cluster: Cluster, *, cost: CostModel | None = None,
+                              sequential_plans: Sequence[Any] = (),
+                              time_limit_s: float | None = None) -> list[Candidate]:
+    """GraphPipe's plan when the model branches (a skipped row otherwise). ``sequential_plans`` (the
+    pipeline family's) are its candidates too, so the graph pipeline family is never slower than the
+    sequential one; it runs the sequential partitioners itself only as chains (GraphPipe's SPP)."""
     start = time.perf_counter()
     if not branches(graph, cluster):
         return [_failed("graph-pipeline", "graphpipe", 0.0, "the model is a chain: its graph pipelines are the "
                                                            "sequential ones")]
     try:
-        plan = plan_graph_pipeline(graph, cluster, cost=cost)
+        plan = plan_graph_pipeline(graph, cluster, cost=cost, sequential_plans=sequential_plans,
+                                   sequential_links=("chain",), time_limit_s=time_limit_s)
     except PartitionError as error:
         return [_failed("graph-pipeline", "graphpipe", time.perf_counter() - start, str(error))]
     return [Candidate("graph-pipeline", "graphpipe", float(plan.iteration_time), bool(plan.result.feasible),
                       float(plan.result.peak_memory.max()), time.perf_counter() - start, plan,
-                      _pipeline_shape(plan), info={"chosen": plan.info.get("chosen")})]
+                      _pipeline_shape(plan), info={"chosen": plan.info.get("chosen"),
+                                                   "stopped_at_limit": plan.info.get("stopped_at_limit")})]
 
 
 def _pipeline_shape(plan) -> str:

@@ -6,10 +6,13 @@ time budget), keeps every candidate's simulated iteration, and returns the faste
 fastest of all when none fits). Every figure is the one simulator's, so the families compare; the
 ratio to :func:`tag.planners.compute_bound` says how far a plan is from what the hardware allows.
 
-Time budget (``time_limit_s``): the pipeline and graph pipeline planners run to the end of their own
-searches (their cost is in each row's planning time); the exact mapper gets at most a tenth of the
-budget per partitioner; the placement search gets what is left, at least a quarter of the budget.
-Without a budget the placement search runs its ``config``'s iterations.
+Time budget (``time_limit_s``): the families run one after another, pipelines first, and each gets its
+weight's share (:data:`BUDGET_WEIGHTS`) of what the ones before it left; time a family leaves unused
+flows to the next. The pipeline and graph pipeline searches stop at their share and keep the best plan
+simulated so far; the placement search is given its share less :data:`PLACEMENT_OVERHEAD` of it, which
+its grouping, baselines, SFB and final compilation take (:data:`PLACEMENT_OVERHEAD_S` at least). The data-parallel baselines come with the
+placement search (or take a grouping and three simulations without it). Without a budget every family
+runs its search to the end (the placement search its ``config``'s iterations).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from tag.planners.bounds import compute_bound
 from tag.planners.families import (
     FAMILIES,
     Candidate,
+    branches,
     data_parallel_candidates,
     graph_pipeline_candidates,
     pipeline_candidates,
@@ -35,9 +39,17 @@ from tag.planners.families import (
 )
 from tag.search import ProgressCallback
 
-__all__ = ["FastestPlan", "PlannerError", "plan_fastest", "DEFAULT_MAPPER_SECONDS"]
+__all__ = ["FastestPlan", "PlannerError", "plan_fastest", "DEFAULT_MAPPER_SECONDS", "BUDGET_WEIGHTS",
+           "PLACEMENT_OVERHEAD", "PLACEMENT_OVERHEAD_S"]
 
-DEFAULT_MAPPER_SECONDS = 10.0  # the exact mapper's limit per partitioner without a time budget
+DEFAULT_MAPPER_SECONDS = 10.0  # the exact mapper's limit per partitioner (at most a quarter of its share)
+# each budgeted family's weight: its share is weight / (sum of the weights of it and the families after it)
+# of the time left when it starts
+BUDGET_WEIGHTS = {"pipeline": 1.0, "graph-pipeline": 1.0, "placement": 2.0}
+# share of the placement family's time kept for what runs around its search (grouping, baselines, SFB,
+# final compilation and simulation)
+PLACEMENT_OVERHEAD = 0.2
+PLACEMENT_OVERHEAD_S = 4.0  # ... and at least this many seconds (or half the share), which they take on BERT-Large
 
 
 class PlannerError(TagError):
@@ -55,6 +67,15 @@ class FastestPlan:
     planning_time_s: float
     graph: OpGraph
     cluster: Cluster
+    time_limit_s: float | None = None  # the budget asked for
+    shares_s: dict[str, float] = dataclasses.field(default_factory=dict)  # each budgeted family's share
+
+    def family_times(self) -> dict[str, float]:
+        """Seconds each family planned for (its candidates' planning times summed)."""
+        out: dict[str, float] = {}
+        for c in self.candidates:
+            out[c.family] = out.get(c.family, 0.0) + c.planning_time_s
+        return out
 
     @property
     def iteration_time_s(self) -> float:
@@ -78,6 +99,8 @@ class FastestPlan:
                 "iteration_time_s": self.best.iteration_time_s, "feasible": self.best.feasible,
                 "peak_memory_bytes": self.best.peak_memory_bytes, "compute_bound_s": bound,
                 "bound_ratio": self.bound_ratio, "planning_time_s": self.planning_time_s,
+                "time_limit_s": self.time_limit_s, "family_shares_s": self.shares_s,
+                "family_planning_time_s": self.family_times(),
                 "families": [row(c) for c in self.families.values()],
                 "candidates": [row(c) for c in self.candidates]}
 
@@ -90,29 +113,56 @@ def _check_families(families: Sequence[str]) -> tuple[str, ...]:
     return chosen
 
 
+class _Budget:
+    """The time left of a budget and each family's share of it (module docstring)."""
+
+    def __init__(self, seconds: float | None, families: Sequence[str], start: float):
+        self.deadline = None if seconds is None else start + seconds
+        self.pending = [f for f in BUDGET_WEIGHTS if f in families]  # budgeted families not yet run
+        self.shares: dict[str, float] = {}
+
+    def share(self, family: str) -> float | None:
+        """Seconds ``family`` may take now (None without a budget); it counts as run from here on."""
+        weights = sum(BUDGET_WEIGHTS[f] for f in self.pending)
+        self.pending.remove(family)
+        if self.deadline is None:
+            return None
+        left = max(self.deadline - time.perf_counter(), 0.0)
+        self.shares[family] = max(left * BUDGET_WEIGHTS[family] / weights, 0.05)
+        return self.shares[family]
+
+
 def plan_fastest(graph: OpGraph, cluster: Cluster, *, families: Sequence[str] = FAMILIES,
                  time_limit_s: float | None = None, config: PlanConfig | None = None, priors: Priors | None = None,
-                 cost: CostModel | None = None, progress: ProgressCallback | None = None) -> FastestPlan:
+                 cost: CostModel | None = None, progress: ProgressCallback | None = None,
+                 started: float | None = None) -> FastestPlan:
     """The fastest plan of ``graph`` on ``cluster`` over ``families`` (module docstring). ``config`` and
-    ``priors`` drive the placement search (default: :class:`~tag.planner.PlanConfig` and uniform priors)."""
+    ``priors`` drive the placement search (default: :class:`~tag.planner.PlanConfig` and uniform priors).
+    ``started``: the ``time.perf_counter()`` the budget counts from (default: this call), so that a
+    caller's loading of the model and priors comes out of it."""
     chosen = _check_families(families)
     if time_limit_s is not None and not time_limit_s > 0:
         raise PlannerError(f"time_limit_s must be positive, got {time_limit_s!r}")
     config = config if config is not None else PlanConfig()
     priors = priors if priors is not None else load_priors(None)
     start = time.perf_counter()
-    mapper_seconds = DEFAULT_MAPPER_SECONDS if time_limit_s is None else min(DEFAULT_MAPPER_SECONDS,
-                                                                             time_limit_s / 10)
+    graph_family = "graph-pipeline" in chosen and branches(graph, cluster)
+    budget = _Budget(time_limit_s, [f for f in chosen if f != "graph-pipeline" or graph_family],
+                     start if started is None else min(started, start))
     candidates: list[Candidate] = []
     if "pipeline" in chosen:
-        candidates += pipeline_candidates(graph, cluster, cost=cost, mapper_time_limit=mapper_seconds)
+        candidates += pipeline_candidates(graph, cluster, cost=cost, mapper_time_limit=DEFAULT_MAPPER_SECONDS,
+                                          time_limit_s=budget.share("pipeline"))
     if "graph-pipeline" in chosen:
-        candidates += graph_pipeline_candidates(graph, cluster, cost=cost)
+        sequential = [c.plan for c in candidates if c.family == "pipeline" and c.ok]
+        candidates += graph_pipeline_candidates(graph, cluster, cost=cost, sequential_plans=sequential,
+                                                time_limit_s=budget.share("graph-pipeline") if graph_family else None)
     outcome = None
     if "placement" in chosen:
-        if time_limit_s is not None:
-            left = max(time_limit_s - (time.perf_counter() - start), time_limit_s / 4)
-            config = dataclasses.replace(config, time_limit_s=left, max_iterations=None)
+        seconds = budget.share("placement")
+        if seconds is not None:
+            around = max(seconds * PLACEMENT_OVERHEAD, min(PLACEMENT_OVERHEAD_S, seconds / 2))
+            config = dataclasses.replace(config, time_limit_s=seconds - around, max_iterations=None)
         placed = placement_candidates(graph, cluster, config=config, priors=priors, cost=cost, progress=progress)
         outcome = placed[0].plan
         candidates += placed
@@ -129,4 +179,4 @@ def plan_fastest(graph: OpGraph, cluster: Cluster, *, families: Sequence[str] = 
     best = min(made, key=Candidate.key)
     families_best = {f: best_of[f] for f in chosen if f in best_of}
     return FastestPlan(best, families_best, candidates, compute_bound(graph, cluster, cost=cost),
-                       time.perf_counter() - start, graph, cluster)
+                       time.perf_counter() - start, graph, cluster, time_limit_s, budget.shares)
