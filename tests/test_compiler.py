@@ -1103,7 +1103,7 @@ def test_mixed_and_overflowing_templates_still_build_every_pair(bert_tiny, monke
 
 
 def _stored_skeletons(store) -> list[tuple]:
-    """Every row of a skeleton store (``_Skeletons``) read back as ``_Compiler._make_skeleton`` gives it:
+    """Every row of a skeleton store (``_Skeletons``) read back as ``_Compiler._skeleton`` records it:
     (transfers as (src, dst, stage, ((category, fraction), ...)), local devices, holders, collectives); the
     holders are stored only for a skeleton with collectives (its collectives' devices), else None."""
     column = {name: store.view(name).tolist() for name in store.specs}
@@ -1127,9 +1127,9 @@ def _stored_skeletons(store) -> list[tuple]:
 
 
 def _count_skeleton_branches(hits: dict, b, layout_p, layout_c, skeleton, beta) -> None:
-    """Add to ``hits`` the rules of ``_Compiler._make_skeleton`` that bundle ``b`` took between these layouts
+    """Add to ``hits`` the rules of :mod:`tag.compiler.rules` that bundle ``b`` took between these layouts
     (``skeleton``: what it made; ``beta`` [D][D] the bandwidths that choose a whole copy's source)."""
-    from tag.compiler.compile import _EMPTY
+    from tag.compiler.rules import EMPTY as _EMPTY
     from tag.compiler.tables import DEMAND_SUM, ROWS
 
     p_split = b.producer_device < 0 and layout_p.split
@@ -1157,15 +1157,18 @@ def _count_skeleton_branches(hits: dict, b, layout_p, layout_c, skeleton, beta) 
                 hits["tied sources rotated"] += s != first_best
 
 
-def test_skeleton_kernel_makes_the_compilers_skeletons():
-    """The evaluator's compiled kernel (``_Skeletons.row`` then ``build``) makes the bundle skeletons
-    ``_Compiler._make_skeleton`` makes, exactly (fractions bit for bit, transfers and their contributions in
-    its order), for every bundle of every pair of groups under 10 seeded random strategies (all four options,
-    both batch splits) of 3 tiny models on 3 clusters (two of them several machines). Strategies 0 and 1 come
-    again with the first replica of most split layouts (all but every third group's) cut to rows [0, _EMPTY):
-    an overlap of exactly the threshold moves nothing, and layouts on the same devices hold other rows. Every
-    rule is hit (:func:`_count_skeleton_branches`), so the check cannot pass on trivial cases."""
-    from tag.compiler.compile import _EMPTY
+def test_both_compilers_read_one_skeleton_per_bundle_and_every_rule_is_hit():
+    """The rules are written once (:func:`tag.compiler.rules.make_skeletons`); the evaluator's store of them
+    (``_Skeletons.row`` then ``build``, read by its pair kernel) and the readable compiler's records
+    (``_Compiler._skeleton``: delivery items, op names) hold the same skeletons, exactly (fractions bit for
+    bit, transfers and their contributions in order), for every bundle of every pair of groups under 10
+    seeded random strategies (all four options, both batch splits) of 3 tiny models on 3 clusters (two of
+    them several machines). Strategies 0 and 1 come again with the first replica of most split layouts (all
+    but every third group's) cut to rows [0, EMPTY): an overlap of exactly the threshold moves nothing, and
+    layouts on the same devices hold other rows. Every rule is hit (:func:`_count_skeleton_branches`), so the
+    check cannot pass on trivial cases; that the rules deliver exactly what each consumer needs is
+    ``check_compiled``'s (test_checker_accepts_random_strategies)."""
+    from tag.compiler.rules import EMPTY as _EMPTY
     from tag.compiler.evaluate import _Skeletons
     from tag.compiler.layout import group_layout
 
@@ -1191,10 +1194,8 @@ def test_skeleton_kernel_makes_the_compilers_skeletons():
                 layout_p, layout_c = layouts[p], layouts[c]
                 first_piece = tables.piece_unit(c, 0) if layout_c.model_parallel else 0
                 for b in evaluator._static_bundles((p, c), layout_p, layout_c).bundles:
-                    targets = (dict.fromkeys(layout_c.pieces[u - first_piece].device for u in b.consumer_units)
-                               if layout_c.model_parallel else layout_c.devices)
                     cases.append((store.row(b, layout_p, layout_c, first_piece), b, layout_p, layout_c,
-                                  compiler._make_skeleton(b, layout_p, layout_c, list(targets))))
+                                  compiler._skeleton(b, layout_p, layout_c)))
         store.build(evaluator._beta, context)
         stored = _stored_skeletons(store)
         for row, b, layout_p, layout_c, expected in cases:

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from bisect import bisect_right
 from dataclasses import dataclass, field
 from typing import Any, Mapping, NamedTuple, Sequence
 
@@ -90,12 +89,12 @@ from tag.sim import (
     simulate,
     simulate_fast,
 )
-from tag.strategy import OPTIONS, PS, Strategy, device_group_sizes
+from tag.strategy import OPTIONS, Strategy, device_group_sizes
 from tag.compiler.errors import CompileError
 from tag.compiler.cache import CompilerCache, cluster_context, compiler_tables
 from tag.compiler.layout import ClusterContext, GroupLayout, compute_block, group_layout
+from tag.compiler.rules import MOVED, OPENED, SkeletonQueue, skeleton_key
 from tag.compiler.tables import (
-    DEMAND_SUM,
     GRANULARITIES,
     NO_UNIT,
     ROWS,
@@ -109,7 +108,6 @@ __all__ = ["compile_strategy", "CompiledPlan", "InsertedOp", "Delivery", "ADAM_C
 
 ADAM_COPIES = 4  # parameter + gradient buffer + Adam's first and second moments, fp32
 DEFAULT_FUSION_BYTES = 25e6  # bucket size of the Horovod baseline (PyTorch DDP's bucket_cap_mb default is 25 MB)
-_EMPTY = 1e-12  # batch overlaps shorter than this move nothing
 _MAX_CACHED_PLANS = 500_000  # bundle plans kept per (grouping, cluster) before the cache is emptied
 _COLLECTIVE_CODES = {"allreduce": 0, "ps": 1, "broadcast": 2, "allgather": 3}  # tag.sim.COLLECTIVES order
 # A collective across machines holds their NICs (both directions) for its duration, so it queues with the p2p
@@ -383,6 +381,7 @@ class _Compiler:
         if len(context.plans) > _MAX_CACHED_PLANS:  # a long search: start over rather than grow without bound
             context.plans.clear()
         self.dynamic_bundles([(p, c) for p, c in tables.pair_uses if mp[p] or mp[c]], op_unit, mp)  # at once
+        self._prepare_skeletons(list(tables.pair_uses), op_unit, mp)  # the new ones at once
         for pair in tables.pair_uses:
             self._pair(pair, op_unit, mp)
         self._emit_collectives()
@@ -427,19 +426,20 @@ class _Compiler:
 
     def _pair(self, pair: tuple[int, int], op_unit: np.ndarray, mp) -> None:
         """Transfers, dependencies and collective requests of the bundles from group P to group C."""
-        group_p, group_c = pair
-        layout_p, layout_c = self.layouts[group_p], self.layouts[group_c]
-        if mp[group_p] or mp[group_c]:
-            bundles = self.dynamic_bundles([pair], op_unit, mp)[0]
-        else:
-            bundles = self.tables.bundles.get(pair, ())
+        layout_p, layout_c = self.layouts[pair[0]], self.layouts[pair[1]]
         plans = self.context.plans
-        for bundle in bundles:
+        for bundle in self._bundles(pair, op_unit, mp):
             key = (id(bundle), layout_p.key, layout_c.key)
             plan = plans.get(key)
             if plan is None:
                 plan = plans[key] = self._plan_bundle(bundle, layout_p, layout_c)
             self._instantiate(bundle, plan)
+
+    def _bundles(self, pair: tuple[int, int], op_unit: np.ndarray, mp) -> list[Bundle]:
+        """The bundles from group P to group C: the tables' where both are replicated, else by pieces."""
+        if mp[pair[0]] or mp[pair[1]]:
+            return self.dynamic_bundles([pair], op_unit, mp)[0]
+        return self.tables.bundles.get(pair, [])
 
     def dynamic_bundles(self, pairs: list[tuple[int, int]], op_unit: np.ndarray | None,
                         mp: Sequence[bool] | Mapping[int, bool]) -> list[list[Bundle]]:
@@ -553,99 +553,47 @@ class _Compiler:
 
     def _skeleton(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout) -> _Skeleton:
         """The devices side of :meth:`_plan_bundle`: what a bundle with ``b``'s categories needs between
-        these layouts, its transfers' bytes as contributions (category, fraction of its bytes). It depends
-        on the bundle only through its categories, so bundles of one kind share it (cached per kind and
-        layouts). A model-parallel consumer enters the key only through the devices of the pieces that read
-        the bundle (its option and split are fixed), so bundles into different pieces on the same devices,
-        of any model-parallel group, share one skeleton."""
+        these layouts (:mod:`tag.compiler.rules`), as records. It depends on the bundle only through its
+        categories, so bundles of one kind share it (cached per kind and layouts in the context; :meth:`run`
+        makes the new ones of a strategy at once)."""
         first_piece = self.tables.piece_unit(b.consumer_group, 0) if layout_c.model_parallel else 0
         key, targets = skeleton_key(b, layout_p, layout_c, first_piece)
         skeleton = self.context.skeletons.get(key)
         if skeleton is None:
-            skeleton = self.context.skeletons[key] = self._make_skeleton(b, layout_p, layout_c, list(targets))
+            self._make_skeletons({key: (b, layout_p, layout_c, targets)})
+            skeleton = self.context.skeletons[key]
         return skeleton
 
-    def _make_skeleton(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout, targets: list[int]) -> _Skeleton:
-        """The skeleton of :meth:`_skeleton`, for the consumer devices ``targets``."""
-        if b.producer_device >= 0:
-            holders, h_lo, h_hi, p_split = (b.producer_device,), (0.0,), (1.0,), False
-        else:
-            holders, h_lo, h_hi, p_split = layout_p.devices, layout_p.lo, layout_p.hi, layout_p.split
-        c_split = layout_c.split
-        c_index = {d: r for r, d in enumerate(layout_c.devices)} if c_split else None
-        pending: dict[tuple[int, int, int], list] = {}  # (src, dst, stage) -> [contributions, counted, items]
-        local: set[int] = set()  # consumer devices reading the producer's copy on the same device
-        collectives: list[tuple[int, str]] = []  # (category, op)
-        names: list[str | None] = []  # inserted op kind per category, for the records
-        same_rows = p_split and c_split and layout_c.devices == holders and layout_c.lo == h_lo
-        for k in range(len(b.pclass)):
-            pclass, demand = b.pclass[k], b.demand[k]
-            before = len(pending)
-            if pclass == ROWS:
-                if same_rows and demand <= 1:
-                    local.update(targets)
-                    names.append(None)
-                    continue
-                for e in targets:
-                    if c_split and demand <= 1:
-                        r = c_index[e]
-                        need_lo, need_hi = layout_c.lo[r], layout_c.hi[r]
-                    else:
-                        need_lo, need_hi = 0.0, 1.0
-                    if p_split:
-                        # the holders' rows are in order (h_hi ascending): skip those ending by need_lo, stop at
-                        # the first starting at need_hi or later; no later one overlaps
-                        for j in range(bisect_right(h_hi, need_lo), len(holders)):
-                            lo = h_lo[j]
-                            if lo >= need_hi:
-                                break
-                            s, hi = holders[j], h_hi[j]
-                            lo, hi = max(lo, need_lo), min(hi, need_hi)
-                            if hi - lo <= _EMPTY:
-                                continue
-                            if s == e:
-                                local.add(e)
-                            else:
-                                _pend(pending, s, e, 1, k, hi - lo, ("rows", k, lo, hi))
-                    elif e in holders:
-                        local.add(e)
-                    else:
-                        s = self._source(holders, e, targets)
-                        _pend(pending, s, e, 1, k, need_hi - need_lo, ("rows", k, need_lo, need_hi))
-                names.append(self._rows_op_name(p_split, c_split and demand <= 1, len(pending) > before, b))
-            elif pclass == SUMS and p_split:
-                if demand == DEMAND_SUM and c_split:
-                    if layout_c.devices == holders:
-                        local.update(targets)
-                        names.append(None)
-                        continue
-                    _gather_partials(pending, holders, layout_c.devices[0], k, local)
-                    names.append("AddN")
-                elif set(targets) == set(holders):
-                    collectives.append((k, "ps" if layout_c.option == PS else "allreduce"))
-                    names.append(None)
-                else:
-                    in_holders = [e for e in targets if e in holders]
-                    root = in_holders[0] if in_holders else targets[0]
-                    _gather_partials(pending, holders, root, k, local)
-                    for e in targets:
-                        if e != root:
-                            _pend(pending, root, e, 2, k, 1.0, ("sum", k, root))
-                    names.append("AddN")
-            else:  # a whole tensor on every holder
-                for e in targets:
-                    if e in holders:
-                        local.add(e)
-                    else:
-                        s = self._source(holders, e, targets)
-                        _pend(pending, s, e, 1, k, 1.0, ("full", k))
-                names.append("Transfer" if len(pending) > before else None)
-        entries = pending.items()
-        if any(stage == 2 for _, _, stage in pending):  # AddN: stage 1 first (a stable sort)
-            entries = sorted(entries, key=lambda kv: kv[0][2])
-        transfers = tuple([(s, e, stage, tuple(contributions), tuple(counted), tuple(items))
-                           for (s, e, stage), (contributions, counted, items) in entries])
-        return _Skeleton(tuple(targets), frozenset(local), holders, transfers, tuple(collectives), tuple(names))
+    def _prepare_skeletons(self, pairs: list[tuple[int, int]], op_unit: np.ndarray, mp) -> None:
+        """Make, in one :func:`~tag.compiler.rules.make_skeletons` call, the skeletons that the bundles of
+        ``pairs`` without a cached plan need and the context lacks."""
+        layouts, plans, skeletons, tables = self.layouts, self.context.plans, self.context.skeletons, self.tables
+        wanted: dict[tuple, tuple] = {}
+        for pair in pairs:
+            group_p, group_c = pair
+            layout_p, layout_c = layouts[group_p], layouts[group_c]
+            first_piece = tables.piece_unit(group_c, 0) if layout_c.model_parallel else 0
+            for b in self._bundles(pair, op_unit, mp):
+                if (id(b), layout_p.key, layout_c.key) not in plans:
+                    key, targets = skeleton_key(b, layout_p, layout_c, first_piece)
+                    if key not in skeletons and key not in wanted:
+                        wanted[key] = (b, layout_p, layout_c, targets)
+        if wanted:
+            self._make_skeletons(wanted)
+
+    def _make_skeletons(self, wanted: dict[tuple, tuple]) -> None:
+        """The skeletons of ``wanted`` (key -> (bundle, layout of P, layout of C, consumer devices)), made by the
+        rules' kernel and kept in the context as records (:func:`skeleton_record`)."""
+        queue = SkeletonQueue()
+        for b, layout_p, layout_c, targets in wanted.values():
+            queue.add(b, layout_p, layout_c, targets)
+        raw = queue.make(self.context.beta_matrix, self.num_devices)
+        columns = {name: values.tolist() for name, values in raw._asdict().items()}
+        category = 0  # the first of each skeleton's categories in cat_flags
+        for i, (key, (b, layout_p, layout_c, targets)) in enumerate(wanted.items()):
+            self.context.skeletons[key] = skeleton_record(columns, i, category, b, layout_p, layout_c, targets,
+                                                          queue.holders[i], self.num_devices)
+            category += len(b.pclass)
 
     def _instantiate(self, b: Bundle, plan: _BundlePlan) -> None:
         """Tasks, dependencies, tensors and records of one planned bundle."""
@@ -734,15 +682,6 @@ class _Compiler:
         self.read_tensor.append(self.transfer_tensor[transfer])
         self.read_task.append(task)
 
-    def _source(self, holders: tuple, e: int, targets: list) -> int:
-        """The holder sending a whole copy to ``e``: best bandwidth; ties rotate over the consumer devices."""
-        if len(holders) == 1:
-            return holders[0]
-        beta = self.context.beta
-        best = max(beta[s][e] for s in holders)
-        tied = [s for s in holders if beta[s][e] >= best * (1 - 1e-9)]
-        return tied[targets.index(e) % len(tied)]
-
     # ------------------------------------------------------------------ collectives
     def _collective_plan(self, op: str, b: Bundle, holders: tuple, nbytes: float, count: int, uses: tuple) -> tuple:
         duration, servers = collective_duration(self.context, op, holders, b.consumer_group, nbytes, count, uses)
@@ -812,19 +751,6 @@ class _Compiler:
         return fused
 
     # ------------------------------------------------------------------ records
-    def _rows_op_name(self, p_split: bool, c_split: bool, moved: bool, b: Bundle) -> str | None:
-        if not moved:
-            return None
-        if b.producer_device >= 0 or self.layouts[b.consumer_group].model_parallel:
-            return "Transfer" if not (p_split or c_split) else ("Concat" if p_split else "Split")
-        if p_split and c_split:
-            return "SplitConcat"
-        if p_split:
-            return "Concat"
-        if c_split:
-            return "Split"
-        return "Transfer"
-
     def _transfer_reason(self, b: Bundle, kinds: list[str]) -> str:
         layout_p, layout_c = self.layouts[b.producer_group], self.layouts[b.consumer_group]
         what = f"{sum(len(u) for u in b.uses)} tensor(s) of group {b.producer_group}"
@@ -1019,40 +945,54 @@ class _Skeleton(NamedTuple):
     names: tuple  # [K] inserted op kind per category (None: nothing moved), for the records
 
 
-def skeleton_key(b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout, first_piece: int) -> tuple[tuple, tuple]:
-    """(key, consumer devices) of the skeleton of bundle ``b`` between two layouts: its categories and producer
-    device, P's row where the producer is replicated, C's row, and the consumer devices, which for a
-    model-parallel C (whose first piece unit is ``first_piece``) are those of the pieces reading the bundle, in
-    the order of its consumer units (its option and split are fixed, so they alone enter the key)."""
-    if layout_c.model_parallel:
-        pieces = layout_c.pieces
-        targets = tuple(dict.fromkeys([pieces[u - first_piece].device for u in b.consumer_units]))
-        consumer_key = None
-    else:
-        targets = layout_c.devices
-        consumer_key = layout_c.key[1:]
-    p_device = b.producer_device
-    return (b.pclass, b.demand, p_device, layout_p.key[1:] if p_device < 0 else None, consumer_key, targets), targets
+def skeleton_record(columns: dict[str, list], i: int, category: int, b: Bundle, layout_p: GroupLayout,
+                    layout_c: GroupLayout, targets: tuple[int, ...], holders: tuple[int, ...],
+                    num_devices: int) -> _Skeleton:
+    """Skeleton ``i`` of :func:`~tag.compiler.rules.make_skeletons`' output (``columns``: its fields as lists;
+    ``category``: the first of its categories in ``cat_flags``) as the records the compiler keeps: each
+    transfer's contributions, counted categories and delivery items (``rows`` with the rows it moves,
+    ``partial`` from its source, ``sum`` from the AddN root, ``full``), and the inserted op's name per category
+    (the bundle ``b`` is one of the skeleton's kind, between these layouts)."""
+    p_split = b.producer_device < 0 and layout_p.split
+    part_category, part_fraction = columns["part_category"], columns["part_fraction"]
+    transfers = []
+    first = columns["first_transfer"][i]
+    for t in range(first, first + columns["transfers"][i]):
+        s, e, stage = columns["src"][t], columns["dst"][t], columns["stage"][t]
+        parts = range(columns["first_part"][t], columns["first_part"][t] + columns["parts"][t])
+        items = []
+        for x in parts:
+            k = part_category[x]
+            if b.pclass[k] == ROWS:
+                items.append(("rows", k, columns["part_lo"][x], columns["part_hi"][x]))
+            elif b.pclass[k] == SUMS and p_split:
+                items.append(("partial" if stage == 1 else "sum", k, s))
+            else:
+                items.append(("full", k))
+        transfers.append((s, e, stage, tuple((part_category[x], part_fraction[x]) for x in parts),
+                          tuple(part_category[x] for x in parts), tuple(items)))
+    local = frozenset(e for e in range(num_devices) if columns["local"][i * num_devices + e])
+    colls = range(columns["coll_first"][i], columns["coll_first"][i] + columns["colls"][i])
+    collectives = tuple((columns["coll_category"][j], "ps" if columns["coll_ps"][j] else "allreduce") for j in colls)
+    names = tuple(_op_name(b, layout_c, p_split, k, columns["cat_flags"][category + k]) for k in range(len(b.pclass)))
+    return _Skeleton(tuple(targets), local, holders, tuple(transfers), collectives, names)
 
 
-def _pend(pending: dict, s: int, e: int, stage: int, k: int, fraction: float, item: tuple) -> None:
-    """Category ``k`` sends ``fraction`` of its bytes (and one message per tensor) from ``s`` to ``e``."""
-    entry = pending.get((s, e, stage))
-    if entry is None:
-        pending[(s, e, stage)] = [[(k, fraction)], [k], [item]]
-    else:
-        entry[0].append((k, fraction))
-        entry[1].append(k)
-        entry[2].append(item)
-
-
-def _gather_partials(pending: dict, holders: tuple, root: int, k: int, local: set) -> None:
-    """AddN, first half: every partial of category ``k`` to ``root`` (whose own partial, if any, stays local)."""
-    for s in holders:
-        if s == root:
-            local.add(root)
-        else:
-            _pend(pending, s, root, 1, k, 1.0, ("partial", k, s))
+def _op_name(b: Bundle, layout_c: GroupLayout, p_split: bool, k: int, flags: int) -> str | None:
+    """The inserted op category ``k`` of bundle ``b`` makes (its ``flags``: MOVED, OPENED), None if it adds no
+    transfer of its own: Split / Concat / SplitConcat for batch rows (Transfer or Concat / Split where a side is
+    one device of a model-parallel group), AddN for partial sums, Transfer for whole tensors."""
+    if b.pclass[k] == SUMS and p_split:
+        return "AddN" if flags & MOVED else None
+    if not flags & OPENED:
+        return None
+    if b.pclass[k] != ROWS:
+        return "Transfer"
+    c_split = layout_c.split and b.demand[k] <= 1
+    if b.producer_device >= 0 or layout_c.model_parallel:
+        return "Transfer" if not (p_split or c_split) else ("Concat" if p_split else "Split")
+    return {(True, True): "SplitConcat", (True, False): "Concat", (False, True): "Split"}.get((p_split, c_split),
+                                                                                          "Transfer")
 
 
 def _where(layout: GroupLayout) -> str:

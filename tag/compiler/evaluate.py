@@ -74,7 +74,6 @@ Horovod fusion (``fusion_bytes``) merges collectives across pairs, so it is not 
 
 from __future__ import annotations
 
-from array import array
 from itertools import chain
 from typing import Any, NamedTuple
 
@@ -91,11 +90,12 @@ from tag.sim.result import SimulationResult, feedback_from_columns, result_from_
 from tag.sim.taskgraph import (RES_COMM, RES_COMPUTE, RES_LINK, RES_NIC_IN, RES_NIC_OUT, TASK_COLLECTIVE,
                                TASK_COMPUTE, TASK_TRANSFER)
 from tag.strategy import BATCH_SPLITS, OPTIONS, PS, Strategy, device_group_sizes
-from tag.compiler.compile import _EMPTY, ADAM_COPIES, _Compiler, collective_resources, skeleton_key
+from tag.compiler.compile import ADAM_COPIES, _Compiler, collective_resources
+from tag.compiler.rules import SkeletonQueue, skeleton_key
 from tag.compiler.errors import CompileError
 from tag.compiler.cache import CompilerCache, cluster_context, compiler_tables
 from tag.compiler.layout import ClusterContext, GroupLayout, group_layouts, unit_durations
-from tag.compiler.tables import DEMAND_SUM, GRANULARITIES, ROWS, SUMS, Bundle, CompilerTables
+from tag.compiler.tables import GRANULARITIES, Bundle, CompilerTables
 
 __all__ = ["StrategyEvaluator", "evaluate_strategy", "strategy_evaluator"]
 
@@ -376,8 +376,7 @@ class _Skeletons(_Columns):
         })
         self.num_devices = num_devices
         self.rows: dict[tuple, int] = {}  # a skeleton's key -> its row (queued ones included)
-        self.queue = _skeleton_queue()  # what the new skeletons are made from, in row order (_make_skeletons' input)
-        self.queued: list[tuple[int, ...]] = []  # the holders of each queued skeleton
+        self.queue = SkeletonQueue()  # what the new skeletons are made from, in row order
 
     def arrays(self) -> tuple:
         """The 24 columns :func:`_pair_fragments` takes, in its order, whole (:meth:`_Columns.whole`)."""
@@ -393,56 +392,25 @@ class _Skeletons(_Columns):
         key, targets = skeleton_key(b, layout_p, layout_c, pieces_first)
         found = self.rows.get(key)
         if found is None:
-            found = self.rows[key] = self.size["skeleton"] + len(self.queued)
-            p_device = b.producer_device
-            if p_device >= 0:
-                holders, lo, hi, p_split = (p_device,), (0.0,), (1.0,), False
-            else:
-                holders, lo, hi, p_split = layout_p.devices, layout_p.lo, layout_p.hi, layout_p.split
-            q = self.queue
-            q["cat_class"].extend(b.pclass)
-            q["cat_demand"].extend(b.demand)
-            q["categories"].append(len(b.pclass))
-            q["hold_device"].extend(holders)
-            q["hold_lo"].extend(lo)
-            q["hold_hi"].extend(hi)
-            q["holders"].append(len(holders))
-            q["p_split"].append(p_split)
-            q["target_device"].extend(targets)
-            q["targets"].append(len(targets))
-            q["c_split"].append(layout_c.split)
-            q["c_device"].extend(layout_c.devices)
-            q["c_lo"].extend(layout_c.lo)
-            q["c_hi"].extend(layout_c.hi)
-            q["c_devices"].append(len(layout_c.devices))
-            q["c_ps"].append(layout_c.option == PS)
-            self.queued.append(holders)
+            found = self.rows[key] = self.size["skeleton"] + len(self.queue)
+            self.queue.add(b, layout_p, layout_c, targets)
         return found
 
     def build(self, beta: np.ndarray, context: ClusterContext) -> None:
-        """Make the queued skeletons (:func:`_make_skeletons`, bandwidths ``beta`` [D, D]) and store them, with
-        the plans of their collectives (``context``'s rings, parameter servers and collective resources)."""
-        queued = self.queued
-        if not queued:
+        """Make the queued skeletons (:func:`~tag.compiler.rules.make_skeletons`, bandwidths ``beta`` [D, D]) and
+        store them, with the plans of their collectives (``context``'s rings, parameter servers and collective
+        resources)."""
+        queue = self.queue
+        if not len(queue):
             return
-        q, self.queue, self.queued = self.queue, _skeleton_queue(), []
-
-        def ints(name: str) -> np.ndarray:
-            return np.frombuffer(q[name], dtype=np.int64)
-
-        def floats(name: str) -> np.ndarray:
-            return np.frombuffer(q[name], dtype=np.float64)
-
-        def flags(name: str) -> np.ndarray:
-            return np.frombuffer(q[name], dtype=np.bool_)
-
+        self.queue = SkeletonQueue()
+        queued = queue.holders
         size = self.size
+        raw = queue.make(beta, self.num_devices, size["transfer"], size["part"], size["coll"])
         (first_transfer, transfers, src, dst, stage, first_part, parts, part_category, part_fraction, local, coll_first,
-         colls, collective_category, collective_ps) = _make_skeletons(
-            ints("categories"), ints("cat_class"), ints("cat_demand"), ints("holders"), ints("hold_device"),
-            floats("hold_lo"), floats("hold_hi"), flags("p_split"), ints("targets"), ints("target_device"),
-            flags("c_split"), ints("c_devices"), ints("c_device"), floats("c_lo"), floats("c_hi"), flags("c_ps"), beta,
-            self.num_devices, size["transfer"], size["part"], size["coll"])
+         colls, collective_category, collective_ps) = (
+            raw.first_transfer, raw.transfers, raw.src, raw.dst, raw.stage, raw.first_part, raw.parts,
+            raw.part_category, raw.part_fraction, raw.local, raw.coll_first, raw.colls, raw.coll_category, raw.coll_ps)
         s = len(queued)
         holders = np.zeros(s, dtype=np.int64)
         helds = np.zeros(s, dtype=np.int64)
@@ -473,16 +441,6 @@ class _Skeletons(_Columns):
                      "server_inverse": server_inverse, "held_res": held_res},
                     {"skeleton": s, "transfer": src.size, "part": part_category.size, "local": local.size,
                      "coll": collective_category.size, "holder": len(holder_device), "held": len(held_res)})
-
-
-def _skeleton_queue() -> dict[str, array]:
-    """What :meth:`_Skeletons.row` queues of new skeletons for :func:`_make_skeletons`: its inputs as flat typed
-    buffers (int64, float64 or 0/1 bytes; numpy reads them without a copy), CSR columns by their lengths
-    (``categories``, ``holders``, ``targets``, ``c_devices``)."""
-    return {name: array(code) for name, code in (
-        ("cat_class", "q"), ("cat_demand", "q"), ("categories", "q"), ("hold_device", "q"), ("hold_lo", "d"),
-        ("hold_hi", "d"), ("holders", "q"), ("p_split", "b"), ("target_device", "q"), ("targets", "q"),
-        ("c_split", "b"), ("c_device", "q"), ("c_lo", "d"), ("c_hi", "d"), ("c_devices", "q"), ("c_ps", "b"))}
 
 
 class _PairBundles(NamedTuple):
@@ -1984,253 +1942,6 @@ def _template_look_up(row_p, row_c, classes, templates, row_bits):
             build[num_build] = i
             num_build += 1
     return out, build[:num_build].copy(), leader, codes
-
-
-@jit
-def _make_skeletons(categories, cat_class, cat_demand, holders, hold_device, hold_lo, hold_hi, p_split, targets,
-                    target_device, c_split, c_devices, c_device, c_lo, c_hi, c_ps, beta, num_devices, transfer0, part0,
-                    coll0):
-    """The skeletons ``_Compiler._make_skeleton`` makes, for S bundles between pairs of layouts, its rules and
-    float operations in its order: skeleton s has ``categories[s]`` categories (class, demand), then
-    ``holders[s]`` producer holders (devices, rows lo and hi in order), split by rows if ``p_split[s]``,
-    ``targets[s]`` consumer devices (targets), and ``c_devices[s]`` devices of the consumer layout with their rows,
-    split by rows if ``c_split[s]``, synced by PS if ``c_ps[s]``, each column one skeleton after another;
-    ``beta`` [D, D] the bandwidths that choose a whole copy's source. Returns (per skeleton its first transfer
-    (numbered from ``transfer0``) and transfers [S]; per transfer, one skeleton after another, src, dst, stage,
-    first part (from ``part0``) and parts; per part (a contribution: category index, fraction of its bytes; a
-    transfer's counted categories are its parts') part_category, part_fraction; local [S * D] (the consumer
-    devices reading the producer's own copy); per skeleton its first collective (from ``coll0``) and
-    collectives [S], and per collective its category and whether it is a PS sync). Transfers come in the order
-    of their first contribution, stage 1 before stage 2 (AddN forwards), each one's parts in the order made."""
-    num = p_split.size
-    d = num_devices
-    cat_ptr, hold_ptr, target_ptr, c_ptr = _ptr(categories), _ptr(holders), _ptr(targets), _ptr(c_devices)
-    bound = 0  # contributions of one skeleton at most, and of all of them
-    largest = 1
-    for s in range(num):
-        h = hold_ptr[s + 1] - hold_ptr[s]
-        t = target_ptr[s + 1] - target_ptr[s]
-        size = (cat_ptr[s + 1] - cat_ptr[s]) * (t * h + h + t)
-        bound += size
-        largest = max(largest, size)
-    transfers = np.zeros(num, dtype=np.int64)
-    src = np.empty(bound, dtype=np.int64)
-    dst = np.empty(bound, dtype=np.int64)
-    stage = np.empty(bound, dtype=np.int64)
-    parts = np.empty(bound, dtype=np.int64)
-    part_category = np.empty(bound, dtype=np.int64)
-    part_fraction = np.empty(bound)
-    local = np.zeros(num * d, dtype=np.bool_)
-    collective_ptr = np.zeros(num + 1, dtype=np.int64)
-    collective_category = np.empty(cat_ptr[num], dtype=np.int64)
-    collective_ps = np.empty(cat_ptr[num], dtype=np.bool_)
-    slot = np.full(2 * d * d, -1, dtype=np.int64)  # (stage, src, dst) -> its transfer in this skeleton, -1
-    held = np.zeros(d, dtype=np.bool_)  # the devices holding the producer's copy
-    c_index = np.full(d, -1, dtype=np.int64)  # the consumer layout's index of each of its devices
-    # this skeleton's contributions in the order made (transfer, category, fraction) and its transfers
-    made = np.empty(largest, dtype=np.int64)
-    made_category = np.empty(largest, dtype=np.int64)
-    made_fraction = np.empty(largest)
-    entry_src = np.empty(largest, dtype=np.int64)
-    entry_dst = np.empty(largest, dtype=np.int64)
-    entry_stage = np.empty(largest, dtype=np.int64)
-    entry_parts = np.empty(largest, dtype=np.int64)
-    entry_at = np.empty(largest, dtype=np.int64)
-    n_out = 0  # transfers written
-    n_parts = 0  # parts written
-    n_coll = 0
-    for s in range(num):
-        h0, h1 = hold_ptr[s], hold_ptr[s + 1]
-        t0, t1 = target_ptr[s], target_ptr[s + 1]
-        c0, c1 = c_ptr[s], c_ptr[s + 1]
-        row = s * d
-        for j in range(h0, h1):
-            held[hold_device[j]] = True
-        for j in range(c0, c1):
-            c_index[c_device[j]] = j
-        same_devices = c1 - c0 == h1 - h0  # the consumer layout's devices are the holders, in order
-        for j in range(c1 - c0):
-            if same_devices and c_device[c0 + j] != hold_device[h0 + j]:
-                same_devices = False
-        same_rows = p_split[s] and c_split[s] and same_devices  # ... with the same rows
-        for j in range(c1 - c0):
-            if same_rows and c_lo[c0 + j] != hold_lo[h0 + j]:
-                same_rows = False
-        entries = 0
-        n_made = 0
-        for kk in range(cat_ptr[s], cat_ptr[s + 1]):
-            k = kk - cat_ptr[s]
-            pclass, demand = cat_class[kk], cat_demand[kk]
-            if pclass == ROWS:
-                if same_rows and demand <= 1:
-                    for j in range(t0, t1):
-                        local[row + target_device[j]] = True
-                    continue
-                for ti in range(t0, t1):
-                    e = target_device[ti]
-                    if c_split[s] and demand <= 1:
-                        need_lo, need_hi = c_lo[c_index[e]], c_hi[c_index[e]]
-                    else:
-                        need_lo, need_hi = 0.0, 1.0
-                    if p_split[s]:
-                        # the holders' rows are in order: from the first ending after need_lo, until one starts
-                        # at need_hi or later
-                        j = h0
-                        while j < h1 and hold_hi[j] <= need_lo:
-                            j += 1
-                        while j < h1 and hold_lo[j] < need_hi:
-                            lo, hi = max(hold_lo[j], need_lo), min(hold_hi[j], need_hi)
-                            if hi - lo > _EMPTY:
-                                if hold_device[j] == e:
-                                    local[row + e] = True
-                                else:
-                                    entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries,
-                                                                  made, made_category, made_fraction, n_made,
-                                                                  hold_device[j], e, 1, k, hi - lo)
-                            j += 1
-                    elif held[e]:
-                        local[row + e] = True
-                    else:
-                        source = _source(hold_device, h0, h1, e, ti - t0, beta)
-                        entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made,
-                                                      made_category, made_fraction, n_made, source, e, 1, k,
-                                                      need_hi - need_lo)
-            elif pclass == SUMS and p_split[s]:
-                if demand == DEMAND_SUM and c_split[s]:
-                    if same_devices:
-                        for j in range(t0, t1):
-                            local[row + target_device[j]] = True
-                        continue
-                    root = c_device[c0]
-                elif t1 - t0 == h1 - h0 and _all_held(held, target_device, t0, t1):  # the same device sets
-                    collective_category[n_coll] = k
-                    collective_ps[n_coll] = c_ps[s]
-                    n_coll += 1
-                    continue
-                else:
-                    root = target_device[t0]
-                    for j in range(t0, t1):
-                        if held[target_device[j]]:
-                            root = target_device[j]
-                            break
-                for j in range(h0, h1):  # every partial to the root, whose own stays
-                    if hold_device[j] == root:
-                        local[row + root] = True
-                    else:
-                        entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made,
-                                                      made_category, made_fraction, n_made, hold_device[j], root,
-                                                      1, k, 1.0)
-                if not (demand == DEMAND_SUM and c_split[s]):  # the sum on from the root
-                    for j in range(t0, t1):
-                        if target_device[j] != root:
-                            entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made,
-                                                          made_category, made_fraction, n_made, root,
-                                                          target_device[j], 2, k, 1.0)
-            else:  # a whole tensor on every holder
-                for ti in range(t0, t1):
-                    e = target_device[ti]
-                    if held[e]:
-                        local[row + e] = True
-                    else:
-                        source = _source(hold_device, h0, h1, e, ti - t0, beta)
-                        entries, n_made = _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made,
-                                                      made_category, made_fraction, n_made, source, e, 1, k, 1.0)
-        collective_ptr[s + 1] = n_coll
-        # transfers in order of first contribution, stage 1 then stage 2 (a stable order); each one's parts
-        for i in range(entries):
-            entry_parts[i] = 0
-            slot[(entry_stage[i] - 1) * d * d + entry_src[i] * d + entry_dst[i]] = -1
-        for i in range(n_made):
-            entry_parts[made[i]] += 1
-        at = n_parts
-        for wanted in range(1, 3):
-            for i in range(entries):
-                if entry_stage[i] == wanted:
-                    entry_at[i] = at
-                    at += entry_parts[i]
-                    src[n_out], dst[n_out], stage[n_out] = entry_src[i], entry_dst[i], wanted
-                    parts[n_out] = entry_parts[i]
-                    n_out += 1
-        for i in range(n_made):
-            part_category[entry_at[made[i]]] = made_category[i]
-            part_fraction[entry_at[made[i]]] = made_fraction[i]
-            entry_at[made[i]] += 1
-        n_parts = at
-        transfers[s] = entries
-        for j in range(h0, h1):
-            held[hold_device[j]] = False
-        for j in range(c0, c1):
-            c_index[c_device[j]] = -1
-    first_transfer = np.empty(num, dtype=np.int64)
-    colls = np.empty(num, dtype=np.int64)
-    at = transfer0
-    for s in range(num):
-        first_transfer[s] = at
-        at += transfers[s]
-        colls[s] = collective_ptr[s + 1] - collective_ptr[s]
-    first_part = np.empty(n_out, dtype=np.int64)
-    at = part0
-    for i in range(n_out):
-        first_part[i] = at
-        at += parts[i]
-    return (first_transfer, transfers, src[:n_out].copy(), dst[:n_out].copy(), stage[:n_out].copy(), first_part,
-            parts[:n_out].copy(), part_category[:n_parts].copy(), part_fraction[:n_parts].copy(), local,
-            coll0 + collective_ptr[:num], colls, collective_category[:n_coll].copy(), collective_ps[:n_coll].copy())
-
-
-@jit
-def _ptr(counts):
-    """[n+1] CSR bounds of ``counts`` [n] rows one after another."""
-    ptr = np.zeros(counts.size + 1, dtype=np.int64)
-    for i in range(counts.size):
-        ptr[i + 1] = ptr[i] + counts[i]
-    return ptr
-
-
-@jit
-def _contribute(slot, d, entry_src, entry_dst, entry_stage, entries, made, made_category, made_fraction, n_made,
-                s, e, stage, k, fraction):
-    """Category ``k`` sends ``fraction`` of its bytes (and one message per tensor) from ``s`` to ``e`` at
-    ``stage``: a contribution to that transfer, made new if need be (``_pend``); returns (entries, n_made)."""
-    key = (stage - 1) * d * d + s * d + e
-    entry = slot[key]
-    if entry < 0:
-        entry = slot[key] = entries
-        entry_src[entry], entry_dst[entry], entry_stage[entry] = s, e, stage
-        entries += 1
-    made[n_made], made_category[n_made], made_fraction[n_made] = entry, k, fraction
-    return entries, n_made + 1
-
-
-@jit
-def _source(hold_device, h0, h1, e, position, beta):
-    """The holder sending a whole copy to ``e`` (``_Compiler._source``): best bandwidth, ties (within 1e-9)
-    rotating over the consumer devices by ``e``'s ``position`` among them."""
-    if h1 - h0 == 1:
-        return hold_device[h0]
-    best = beta[hold_device[h0], e]
-    for j in range(h0 + 1, h1):
-        if beta[hold_device[j], e] > best:
-            best = beta[hold_device[j], e]
-    tied = 0
-    for j in range(h0, h1):
-        if beta[hold_device[j], e] >= best * (1 - 1e-9):
-            tied += 1
-    pick = position % tied
-    for j in range(h0, h1):
-        if beta[hold_device[j], e] >= best * (1 - 1e-9):
-            if pick == 0:
-                return hold_device[j]
-            pick -= 1
-    return -1
-
-
-@jit
-def _all_held(held, target_device, t0, t1):
-    for j in range(t0, t1):
-        if not held[target_device[j]]:
-            return False
-    return True
 
 
 @jit

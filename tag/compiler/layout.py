@@ -75,6 +75,7 @@ class ClusterContext:
     cluster: Cluster
     tables: CompilerTables
     beta: list[list[float]]  # [D][D] point-to-point bandwidth, capped by the NICs between machines
+    beta_matrix: np.ndarray  # [D, D] the same, as an array (the rules' kernels read it)
     alpha: list[list[float]]  # [D][D] latency
     type_index: list[int]  # [D] index into cluster.types
     type_array: np.ndarray  # [D] the same, as an array
@@ -161,7 +162,7 @@ def make_context(cluster: Cluster, tables: CompilerTables) -> ClusterContext:
     nic_in = [2 * d + cluster.num_machines + int(m) if np.isfinite(nic[m]) else -1 for m in machine]
     nics = [[tuple(sorted(x for x in (nic_out[a], nic_in[b]) if x >= 0)) if machine[a] != machine[b] else ()
              for b in range(d)] for a in range(d)]
-    return ClusterContext(cluster=cluster, tables=tables, beta=bandwidth.tolist(),
+    return ClusterContext(cluster=cluster, tables=tables, beta=bandwidth.tolist(), beta_matrix=bandwidth,
                           alpha=np.asarray(cluster.latency).tolist(), type_index=np.asarray(cluster.device_type).tolist(),
                           type_array=np.asarray(cluster.device_type, dtype=np.int64),
                           machine=machine.tolist(), nic_out=nic_out, nic_in=nic_in, nics=nics,
