@@ -45,6 +45,7 @@ _LAZY = {
     "FastestPlan": "tag.planners",
     "compute_bound": "tag.planners",
     "FAMILIES": "tag.planners",
+    "make_mapper": "tag.planners",
 }
 
 __all__ = [

@@ -9,6 +9,7 @@ the plan's ratio to :func:`compute_bound`. ``tag plan`` runs it. No package belo
 from tag.planners.bounds import compute_bound
 from tag.planners.families import FAMILIES, PIPELINE_PARTITIONERS, Candidate, fastest_pipeline
 from tag.planners.fastest import FastestPlan, PlannerError, plan_fastest
+from tag.planners.mappers import MAPPERS, make_mapper
 
 __all__ = ["plan_fastest", "FastestPlan", "Candidate", "PlannerError", "compute_bound", "fastest_pipeline",
-           "FAMILIES", "PIPELINE_PARTITIONERS"]
+           "FAMILIES", "PIPELINE_PARTITIONERS", "make_mapper", "MAPPERS"]
