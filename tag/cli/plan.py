@@ -9,6 +9,7 @@ pipelines: the files ``tag simulate --strategy`` and ``tag run`` take).
 from __future__ import annotations
 
 import argparse
+import time
 
 from tag.cli.args import (add_cluster, add_grouping, add_json, add_model, add_profile, add_views, check_view_paths,
                           named, output_path, positive_int, positive_seconds, profile_cost, shipped_policy,
@@ -63,6 +64,7 @@ def _config(args: argparse.Namespace, **extra):
 
 
 def run(args: argparse.Namespace) -> dict:
+    started = time.perf_counter()  # --time counts from here: loading the model and priors come out of it
     from tag.cluster import resolve_cluster
     from tag.graph.resolve import resolve_model
 
@@ -74,10 +76,10 @@ def run(args: argparse.Namespace) -> dict:
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     if args.family == "placement":
         return _placement(args, graph, cluster, cost)
-    return _families(args, graph, cluster, cost)
+    return _families(args, graph, cluster, cost, started)
 
 
-def _families(args: argparse.Namespace, graph, cluster, cost) -> dict:
+def _families(args: argparse.Namespace, graph, cluster, cost, started: float) -> dict:
     """Every family asked for through :func:`tag.planners.plan_fastest`; the fastest plan is kept."""
     from tag.cli.progress import interactive, status
     from tag.planner import load_priors
@@ -90,7 +92,7 @@ def _families(args: argparse.Namespace, graph, cluster, cost) -> dict:
         priors = load_priors(None if args.uniform else (args.policy or shipped_policy()))
     with status(interactive(args), f"planning {graph.meta.get('model', args.model)}"):
         found = plan_fastest(graph, cluster, families=families, time_limit_s=args.time, config=_config(args),
-                             priors=priors, cost=cost)
+                             priors=priors, cost=cost, started=started)
     payload = found.as_dict()
     if priors is not None:
         payload["priors"] = priors.label
