@@ -656,7 +656,7 @@ def test_fragment_references_are_stored_by_segment():
     by hand, P's block of 3 tasks, an empty C block (a group's pair with itself), 2 early own tasks, then
     late ones; decoded with each segment's global first task, every reference lands on its task. A second
     fragment stored in the same call (P's block of 2, C's of 2, no early tasks) keeps its own segments."""
-    from tag.compiler.evaluate import _SEGMENT_SHIFT, _IN_SEGMENT, _segmented
+    from tag.compiler.arena import _SEGMENT_SHIFT, _IN_SEGMENT, _segmented
 
     refs = np.array([0, 2, 3, 4, 5, 7, -1, 1, 2, 3, 4, 6])
     ends = np.array([[3, 3, 5], [9, 9, 9], [2, 4, 4]])  # the middle fragment has no references
@@ -874,7 +874,7 @@ def test_arena_stores_queued_fragments_in_one_go():
     repeated over the fragment's rows, a task's dependency on itself dropped (and the fragment's count with
     it), every reference numbered by its own fragment's segments. By hand: a group fragment of 2 tasks, then
     a pair fragment over a 2-task block with 1 transfer of its own."""
-    from tag.compiler.evaluate import _SEGMENT_SHIFT, _IN_SEGMENT, _META, _Arena
+    from tag.compiler.arena import _SEGMENT_SHIFT, _IN_SEGMENT, _META, _Arena
 
     arena = _Arena(lagged=False)
     group = {"duration": np.array([1.0, 2.0]), "kind": 0, "group": 3, "nres": 1, "res": [0, 1],
@@ -910,8 +910,8 @@ def test_arena_stores_pair_fragments_at_once_as_queue_and_flush_would():
     """store_many (the pair kernel's rows written straight into the arena) against add_many + flush: the same
     rows, references segmented alike, the same fragment table, over random fragments (with blocks empty or
     not, a fragment of one group's pair with C's block empty) stored on top of a queued one."""
-    from tag.compiler.evaluate import (_DEP0, _GROUP_COLUMNS, _META, _PAIR_COLUMNS, _READ0, _RES0, _TABLES,
-                                       _TASK0, _TEN0, _Arena)
+    from tag.compiler.arena import (_DEP0, _GROUP_COLUMNS, _META, _PAIR_COLUMNS, _READ0, _RES0, _TABLES,
+                                    _TASK0, _TEN0, _Arena)
 
     rng = np.random.default_rng(7)
     for _ in range(20):
@@ -967,7 +967,7 @@ def test_arena_numbers_compact_fragments_between_queued_ones():
     """Compact fragments (a replicated group's devices and batch fractions) take their ids when added, between
     fragments of rows that are still queued: the fragment table then holds each at its own id, the compact
     ones flagged with their group and replicas, the rows ones with their rows, and the tasks held count both."""
-    from tag.compiler.evaluate import _COMPACT, _META, _REPLICAS, _RES0, _TASKS, _Arena
+    from tag.compiler.arena import _COMPACT, _META, _REPLICAS, _RES0, _TASKS, _Arena
 
     arena = _Arena(lagged=False)
     rows = {"duration": [1.0, 2.0], "kind": 0, "group": 5, "nres": 1, "res": [0, 1], "dep_task": [1],
@@ -1018,7 +1018,7 @@ def test_implied_edges_are_those_a_transitive_reduction_drops():
     is implied only by a longer path, not by its twin."""
     import networkx as nx
 
-    from tag.compiler.evaluate import _implied_edges
+    from tag.compiler.lookup import _implied_edges
 
     rng = np.random.default_rng(5)
     for _ in range(30):
@@ -1169,7 +1169,7 @@ def test_both_compilers_read_one_skeleton_per_bundle_and_every_rule_is_hit():
     check cannot pass on trivial cases; that the rules deliver exactly what each consumer needs is
     ``check_compiled``'s (test_checker_accepts_random_strategies)."""
     from tag.compiler.rules import EMPTY as _EMPTY
-    from tag.compiler.evaluate import _Skeletons
+    from tag.compiler.stores import _Skeletons
     from tag.compiler.layout import group_layout
 
     hits = dict.fromkeys(["rows between split layouts", "same devices, other rows", "sliver overlap skipped",
@@ -1212,7 +1212,7 @@ def test_template_look_up_finds_known_templates_and_leads_new_ones_by_their_firs
     table holds gives its fragment; each new code's first pair leads the others of it; the pairs to build
     are those without a code and the leaders, ascending. Random rows and classes (with -1s), a table holding
     some of the codes, 3 row bits."""
-    from tag.compiler.evaluate import _template_look_up
+    from tag.compiler.lookup import _template_look_up
     from tag.sim.kernels import int_table, table_store
 
     rng = np.random.default_rng(0)
@@ -1239,7 +1239,7 @@ def test_template_look_up_finds_known_templates_and_leads_new_ones_by_their_firs
 def test_evaluator_columns_keep_their_rows_as_they_grow():
     """The evaluator's column store grows its arrays past 1024 rows; every row written stays readable,
     in order, through the growths, per table."""
-    from tag.compiler.evaluate import _Columns
+    from tag.compiler.arena import _Columns
 
     columns = _Columns({"a": (np.float64, "t"), "b": (np.int32, "t"), "c": (np.int64, "u")})
     rng = np.random.default_rng(0)
