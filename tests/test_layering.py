@@ -164,9 +164,10 @@ def test_importing_each_package_loads_nothing_from_a_layer_above():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.parametrize("module,layer", [("tag.profile.data", 0), ("tag.profile", 0), ("tag.profile.report", 13), ("tag.exact.mapping", 6),
-                                          ("tag.planners.cli", CLI_LAYER), ("tag.cli.pipeline", CLI_LAYER),
-                                          ("tag.planners.mappers", 10), ("numpy", None), ("tag", None)])
+@pytest.mark.parametrize("module,layer", [("tag.profile.data", 0), ("tag.profile", 0), ("tag.profile.report", 13),
+                                          ("tag.exact.mapping", 6), ("tag.planners.cli", CLI_LAYER),
+                                          ("tag.cli.pipeline", CLI_LAYER), ("tag.planners.mappers", 10), ("numpy", None),
+                                          ("tag", None)])
 def test_layer_of_takes_the_longest_name_and_puts_commands_on_top(module, layer):
     assert layer_of(module) == layer
 

@@ -319,6 +319,49 @@ def test_compiled_logits_equal_the_numpy_steps_bit_for_bit(mode, cluster):
             decoder.logits(full)
 
 
+@pytest.mark.parametrize("seed", range(6))
+def test_fast_decoder_equals_the_reference_on_random_instances(seed):
+    """On random problems (cluster family, size, stages, replicas, instantiation, latencies) with random
+    weights, the compiled logits equal the reference's bit for bit on random prefixes, and the compiled
+    greedy completion is the reference's slot-by-slot argmax, from the empty prefix and from a random one."""
+    rng = np.random.default_rng(seed)
+    devices = int(rng.choice([8, 12, 16]))
+    family = ["uniform-dist", "random-blk-1", "random-blk-2"][seed % 3]
+    stages = int(rng.integers(2, 5))
+    replicas = int(rng.integers(1, devices // stages + 1))
+    problem = _problem(seed, stages, replicas, f"{family}:{devices},seed={seed}", latency=bool(seed % 2))
+    mode = P2P if rng.random() < 0.5 else ALLREDUCE
+    torch.manual_seed(seed)
+    policy = MappingPolicy(SMALL)
+    with torch.no_grad():
+        for parameter in policy.parameters():
+            parameter.add_(0.5 * torch.randn_like(parameter))
+    instance = MappingInstance.build(problem, mode, *search_order(problem))
+    decoder = MappingDecoder(policy, instance)
+    for _ in range(2):
+        full = rng.permutation(devices)[:instance.num_slots].tolist()
+        for k in range(instance.num_slots):
+            np.testing.assert_array_equal(decoder.logits(full[:k]), decoder.reference_logits(full[:k]))
+        prefix = full[:int(rng.integers(0, instance.num_slots))]
+        assert decoder.complete(prefix) == decoder.reference_complete(prefix)
+    assert decoder.complete([]) == decoder.reference_complete([])
+
+
+def test_search_order_is_the_environment_s_slot_order():
+    """The learned mapper builds its instance before its environment: the slots must come in the order
+    the environment decides them, on chains and on random stage DAGs."""
+    from test_mapping import random_problem
+
+    rng = np.random.default_rng(0)
+    for trial in range(20):
+        stages = int(rng.integers(1, 7))
+        problem = random_problem(rng, 12, stages, int(rng.integers(1, 12 // stages + 1)), chain=trial % 2 == 0)
+        env = MappingEnv(problem)
+        slot_stage, slot_replica = search_order(problem)
+        np.testing.assert_array_equal(slot_stage, env.slot_stage)
+        np.testing.assert_array_equal(slot_replica, env.slot_replica)
+
+
 def test_cached_closing_tables_equal_rebuilt_ones():
     """Two prefixes with the same replica-0 device and the same used set share one closing table, which
     equals the table rebuilt for either; another set gets its own."""

@@ -243,7 +243,7 @@ class MappingDecoder:
             np.asarray(start, dtype=np.int64), self._running_time(start), limit, self.static, self.affinity,
             inst.compute, ptr, src, self.edge_weight[edges], cost, ring, costs, inst.ring_start, inst.hops_left,
             slot_hop, hops, self.beta, self.crowding, self._near_columns, self._near_total,
-            self._near_count - self._near_columns[used].sum(axis=0), taken)  # near links to free devices, as _next_logits
+            self._near_count - self._near_columns[used].sum(axis=0), taken)  # near links to free devices
         if stopped >= 0:
             return None
         full = tuple(out.tolist())
