@@ -26,15 +26,12 @@ __all__ = ["learned_mapping", "DEFAULT_MAPPER_ITERATIONS", "DEFAULT_MAPPER_DISCR
 DEFAULT_MAPPER_ITERATIONS = 32  # MCTS leaves after the greedy decode and the discrepancy pass
 DEFAULT_MAPPER_DISCREPANCIES: int | None = None  # one-discrepancy leaves after the greedy decode (None: a pass)
 # runners-up the discrepancy pass tries at a stage's replica 0, where no neighbour constrains the decoder yet
-# and a ring's region is chosen: 4 against 1 lowered the mean validation gap from 8.4% to 7.9% and the
-# median gap to the better heuristic at 128-256 devices from -37% to -47% (held-out problems, seeds 5000+)
+# and a ring's region is chosen (wider than elsewhere: it lowered the gaps on held-out problems)
 RING_START_WIDTH = 4
 THRESHOLD_STEPS = 8  # greedy decodes under thresholds from the lower bound up to the greedy decode's time
-# the fast setting (scripts/compare_mappers.py's "learned fast"): the greedy and threshold decodes and a few
-# MCTS leaves, no discrepancy pass; gaps within 5% at 16-64 devices at a tenth of the exact mapper's time.
-# 2 leaves against 4: the same median gaps at 16, 32 and 64 devices (0.00%, 0.00%, 0.84%; means 4.69/8.96/
-# 16.97% against 4.65/8.50/16.77%) on held-out topology seeds 100-104, 0.8 ms less at 64 devices; 0 leaves
-# left 4.50% at 64 devices
+# the fast setting ("learned fast", docs/benchmarks/mappers.md): the greedy and threshold decodes and a few
+# MCTS leaves, no discrepancy pass; within 5% of the optimum at 16-64 devices at about a tenth of the exact
+# mapper's time (2 leaves: as close as 4 on held-out topologies, and faster)
 FAST_MAPPER_ITERATIONS = 2
 FAST_MAPPER_DISCREPANCIES = 0
 _PROVEN = 1.0 - 1e-12  # a map's value (quick lower bound / its time) at which it is optimal
