@@ -1,5 +1,6 @@
 """The learned policy of TAG §4.2.1: state features as a HeteroData, the heterogeneous GNN, the search's
-evaluator and checkpoints. The search itself never imports this package (DESIGN.md: Policy and search)."""
+evaluator and checkpoints; :mod:`tag.policy.mapping` holds the learned mapper's network. The search itself
+never imports this package (DESIGN.md: Policy and search)."""
 
 from tag.policy.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, PolicyCheckpoint, load_policy, save_policy,
                                    shipped_policy_path)
