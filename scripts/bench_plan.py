@@ -1,104 +1,98 @@
-"""TAG Table 8's shape: the planner against the baselines, pure MCTS, and MCMC at the same simulator budget.
+"""One planner for the user: `tag plan` over every family, end to end, per (model, cluster).
 
-    python scripts/bench_plan.py                              # six TAG models × tag-testbed, tag-cloud
-    python scripts/bench_plan.py --models vgg19 --clusters tag-testbed --budget 100
+    python scripts/bench_plan.py                                  # the 21 cells below, --time 55
+    python scripts/bench_plan.py --cells bert-large:tag-testbed mmt:examples/summit-16.yaml --time 30
 
-For every (model, cluster): the plan of `tag plan` (MCTS with the shipped policy's priors unless --policy or
---uniform, then SFB and fusion), its speed-up over DP-NCCL, DP-NCCL-P and Horovod, over pure MCTS (the same
-planner with uniform priors and the same budget) and over the MCMC baseline run on the same simulator with
-the same number of simulations (every search's best strategy gets the same SFB and fusion pass, so the
-searches are compared on equal terms); the searches alone (before SFB and fusion) against DP-NCCL and
-against MCMC's; the iteration at which each MCTS first beat DP-NCCL; search times. A markdown table, then
-one JSON line.
+Cells: the six TAG models on tag-testbed, tag-cloud and dgx1x4, and MMT, DLRM and CANDLE-Uno on a
+Summit-like cluster of 16 V100 (``examples/summit-16.yaml``: 4 nodes of 4, NVLink 50 GB/s, 100 Gb/s
+between nodes). Each cell runs the command a user runs, ``tag plan MODEL --cluster C --time T --json``
+(the shipped GNN policy drives the placement search), in its own process, and reports each family's
+best simulated iteration, the chosen plan, its ratio to the compute bound, the planning time of each
+family and the wall time of the whole command (process start to exit: imports, model, policy, every
+family). A line per cell as it finishes, then a markdown table, then one JSON line.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-from rich.progress import Progress
-
-from tag.cluster import resolve_cluster
-from tag.graph.resolve import resolve_model
-from tag.planner import TAG_CLUSTERS, TAG_MODELS, PlanConfig, load_priors, plan_training
-from tag.policy import shipped_policy_path
-
-
-
-def run(model: str, cluster_name: str, args, priors) -> dict:
-    graph = resolve_model(model)
-    cluster = resolve_cluster(cluster_name)
-    config = PlanConfig(num_groups=args.num_groups, max_iterations=args.budget, seed=args.seed)
-    tag = plan_training(graph, cluster, config=config, evaluator=priors.evaluator,
-                        batch_evaluator=priors.batch_evaluator, batch_size=8 if priors.batch_evaluator else 1)
-    pure = plan_training(graph, cluster, config=config) if priors.batch_evaluator else tag
-    # MCMC gets as many simulations as MCTS used (each MCMC iteration is at most one simulation).
-    mcmc_config = PlanConfig(num_groups=args.num_groups, max_iterations=max(1, tag.search.num_simulations),
-                             search="mcmc", seed=args.seed)
-    mcmc = plan_training(graph, cluster, config=mcmc_config)
-    speedups = tag.speedup_over()
-    return {
-        "model": model, "cluster": cluster_name, "batch_size": graph.batch_size,
-        "iteration_time_s": tag.iteration_time_s, "feasible": bool(tag.result.feasible),
-        "speedup_over": {**speedups,
-                         "mcmc": mcmc.iteration_time_s / tag.iteration_time_s if tag.result.feasible else None,
-                         "pure-mcts": pure.iteration_time_s / tag.iteration_time_s if tag.result.feasible else None},
-        "search_speedup_over_dp_nccl": tag.search.best_speedup,
-        "search_speedup_over_mcmc_search": (mcmc.search.best_time / tag.search.best_time
-                                            if tag.search.best_feasible else None),
-        "origin": tag.origin,
-        "mcmc_iteration_time_s": mcmc.iteration_time_s, "mcmc_simulations": mcmc.search.num_simulations,
-        "simulations": tag.search.num_simulations, "search_time_s": tag.search.search_time_s,
-        "mcmc_search_time_s": mcmc.search.search_time_s, "first_beat_iteration": tag.search.first_beat_iteration,
-        "pure_mcts_iteration_time_s": pure.iteration_time_s, "pure_mcts_search_time_s": pure.search.search_time_s,
-        "pure_mcts_first_beat_iteration": pure.search.first_beat_iteration,
-        "sfb_groups": len(tag.sfb.plan.groups) if tag.sfb is not None else 0, "fusion": tag.fusion_bytes is not None,
-        "baselines": {b["name"]: b["iteration_time_s"] for b in tag.summary()["baselines"]},
-    }
+ROOT = Path(__file__).resolve().parents[1]
+TAG = [sys.executable, "-m", "tag"]
+TAG_MODELS = ("inception-v3", "resnet101", "vgg19", "transformer", "bert-small", "bert-large")
+TAG_CLUSTERS = ("tag-testbed", "tag-cloud", "dgx1x4")
+SUMMIT = "examples/summit-16.yaml"
+GRAPH_MODELS = ("mmt", "dlrm", "candle-uno")
+FAMILIES = ("placement", "data-parallel", "pipeline", "graph-pipeline")
 
 
-def ratio(value) -> str:
-    return f"{value:.2f}x" if value else "-"
+def default_cells() -> list[tuple[str, str]]:
+    return [(m, c) for c in TAG_CLUSTERS for m in TAG_MODELS] + [(m, SUMMIT) for m in GRAPH_MODELS]
 
 
-def first(value) -> str:
-    return "-" if value is None else str(value)
+def run_cell(model: str, cluster: str, seconds: float) -> dict:
+    start = time.perf_counter()
+    done = subprocess.run([*TAG, "plan", model, "--cluster", cluster, "--time", str(seconds), "--json"],
+                          cwd=ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if done.returncode != 0:
+        return {"model": model, "cluster": cluster, "wall_s": wall, "error": done.stderr.strip()[-300:]}
+    payload = json.loads(done.stdout)
+    return {"model": model, "cluster": payload["cluster"], "devices": payload["devices"], "wall_s": wall,
+            "planning_time_s": payload["planning_time_s"], "bound_s": payload["compute_bound_s"],
+            "chosen": payload["family"], "planner": payload["planner"], "shape": payload["shape"],
+            "iteration_time_s": payload["iteration_time_s"], "feasible": payload["feasible"],
+            "bound_ratio": payload["bound_ratio"], "family_planning_time_s": payload["family_planning_time_s"],
+            "families": {row["family"]: {k: row[k] for k in ("planner", "iteration_time_s", "feasible", "shape",
+                                                             "bound_ratio")}
+                         for row in payload["families"]}}
+
+
+def cell_text(row: dict, family: str) -> str:
+    best = row["families"].get(family)
+    if best is None or best["iteration_time_s"] is None:
+        return "-"
+    return f"{best['iteration_time_s'] * 1e3:.1f}" + ("" if best["feasible"] else " OOM")
+
+
+def markdown(rows: list[dict]) -> str:
+    lines = ["| model | cluster | placement | data-parallel | pipeline | graph-pipeline | chosen | ms | x bound "
+             "| wall |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['model']} | {row['cluster']} | error: {row['error'][:80]} | | | | | | | |")
+            continue
+        chosen = f"{row['chosen']} {row['planner']} ({row['shape']})"
+        lines.append(f"| {row['model']} | {row['cluster']} | " + " | ".join(cell_text(row, f) for f in FAMILIES)
+                     + f" | {chosen} | {row['iteration_time_s'] * 1e3:.1f} | {row['bound_ratio']:.2f} "
+                     f"| {row['wall_s']:.0f} s |")
+    return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--models", nargs="+", default=list(TAG_MODELS))
-    parser.add_argument("--clusters", nargs="+", default=list(TAG_CLUSTERS))
-    parser.add_argument("--budget", type=int, default=600, help="MCTS iterations per plan (default 600, as tag plan)")
-    parser.add_argument("--num-groups", type=int, default=60)
-    priors_flag = parser.add_mutually_exclusive_group()
-    priors_flag.add_argument("--policy", help="GNN checkpoint for the priors (default: the shipped one)")
-    priors_flag.add_argument("--uniform", action="store_true", help="uniform priors (pure MCTS) for the tag row")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--cells", nargs="+", metavar="MODEL:CLUSTER", help="cells (default: the 21 above)")
+    parser.add_argument("--time", type=float, default=55.0, help="tag plan --time per cell (default 55 s)")
     args = parser.parse_args()
-    priors = load_priors(None if args.uniform else args.policy or str(shipped_policy_path()))
+    cells = [tuple(c.split(":", 1)) for c in args.cells] if args.cells else default_cells()
     rows = []
-    with Progress(transient=True) as progress:
-        task = progress.add_task("planning", total=len(args.models) * len(args.clusters))
-        for cluster_name in args.clusters:
-            for model in args.models:
-                progress.update(task, description=f"{model} on {cluster_name}")
-                rows.append(run(model, cluster_name, args, priors))
-                progress.advance(task)
-    print(f"priors: {priors.label}; {args.budget} MCTS iterations; MCMC with the same number of simulations\n")
-    print("| cluster | model | tag iteration | vs DP-NCCL | vs DP-NCCL-P | vs Horovod | vs pure MCTS | vs MCMC "
-          "| search alone vs DP-NCCL | search alone vs MCMC's | beats DP-NCCL at it. (tag / pure) | search (s) "
-          "| pure MCTS (s) | MCMC (s) |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        s = r["speedup_over"]
-        print(f"| {r['cluster']} | {r['model']} | {r['iteration_time_s'] * 1e3:.1f} ms | {ratio(s['dp-nccl'])} | "
-              f"{ratio(s['dp-nccl-p'])} | {ratio(s['horovod'])} | {ratio(s['pure-mcts'])} | {ratio(s['mcmc'])} | "
-              f"{ratio(r['search_speedup_over_dp_nccl'])} | {ratio(r['search_speedup_over_mcmc_search'])} | "
-              f"{first(r['first_beat_iteration'])} / {first(r['pure_mcts_first_beat_iteration'])} | "
-              f"{r['search_time_s']:.1f} | {r['pure_mcts_search_time_s']:.1f} | {r['mcmc_search_time_s']:.1f} |")
-    print(json.dumps({"benchmark": "plan", "priors": priors.label, "budget": args.budget, "rows": rows}))
+    for model, cluster in cells:  # one line per cell as it finishes: a full run takes about 20 minutes
+        row = run_cell(model, cluster, args.time)
+        rows.append(row)
+        if "error" in row:
+            print(f"{model} on {cluster}: error after {row['wall_s']:.0f} s: {row['error']}", flush=True)
+            continue
+        times = ", ".join(f"{f} {s:.1f} s" for f, s in row["family_planning_time_s"].items())
+        print(f"{model} on {row['cluster']}: {row['chosen']} {row['planner']} ({row['shape']}) "
+              f"{row['iteration_time_s'] * 1e3:.1f} ms, {row['bound_ratio']:.2f}x the bound; wall {row['wall_s']:.0f} s "
+              f"({times})", flush=True)
+    print()
+    print(markdown(rows))
+    print(json.dumps({"bench": "plan", "time_s": args.time, "rows": rows}))
 
 
 if __name__ == "__main__":

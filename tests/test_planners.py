@@ -142,3 +142,62 @@ def test_tag_pipeline_best_is_the_fastest_partitioner(capsys):
             for p in ("parmesan", "pipedream", "rannc")}
     assert best["iteration_time_s"] == pytest.approx(min(each.values()), rel=1e-12)
     assert best["partitioner"] in each and each[best["partitioner"]] == pytest.approx(best["iteration_time_s"])
+
+
+def fork_join_graph(rng):
+    """A stem, 2-3 branches of 1-3 forward ops of random work and weights, a join and a head."""
+    from conftest import make_graph
+
+    edges, ends, k = [], [], 1
+    for _ in range(int(rng.integers(2, 4))):
+        prev = 0
+        for _ in range(int(rng.integers(1, 4))):
+            edges.append((prev, k))
+            prev, k = k, k + 1
+        ends.append(prev)
+    edges += [(e, k) for e in ends] + [(k, k + 1)]
+    n = k + 2
+    return make_graph(edges, n=n, flops=(rng.uniform(0.2, 5, n) * 1e12).tolist(),
+                      param_bytes=(rng.uniform(0, 200, n) * 1e6).tolist(),
+                      edge_bytes=(rng.uniform(1, 50, len(edges)) * 1e6).tolist())
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_on_random_small_instances_bounds_hold_and_no_family_beats_the_choice(seed):
+    """Branched graphs over mixed GPU types, every family: no plan is faster than the compute bound, the
+    chosen plan is the fastest feasible one simulated, and the graph pipeline family (which holds the
+    pipeline family's plans) is never slower than the pipeline family."""
+    rng = np.random.default_rng(700 + seed)
+    graph = fork_join_graph(rng)
+    cluster = random_cluster(rng, int(rng.integers(3, 6)))
+    found = plan_fastest(graph, cluster, config=PlanConfig(num_groups=4, max_iterations=4))
+    made = [c for c in found.candidates if c.ok]
+    assert {c.family for c in made} == set(FAMILIES)
+    assert all(c.iteration_time_s >= found.compute_bound_s * (1 - 1e-9) for c in made)
+    fits = [c for c in made if c.feasible]
+    assert found.best.feasible and found.iteration_time_s == min(c.iteration_time_s for c in fits)
+    pipeline, graph_pipeline = found.families["pipeline"], found.families["graph-pipeline"]
+    assert graph_pipeline.key() <= (pipeline.key()[0], pipeline.key()[1] * (1 + 1e-9))
+
+
+def test_a_small_budget_is_shared_and_honoured():
+    """--time 3 s: each budgeted family gets a share of what is left, the pipeline searches stop at theirs,
+    every family reports its planning time, and the whole call ends within twice the budget and a second
+    (what the placement search runs around its search is not budgeted; a loaded machine)."""
+    import time
+
+    from tag.graph.resolve import resolve_model
+
+    graph, cluster = resolve_model("candle-uno", tiny=True), resolve_cluster("examples/toy4.yaml")
+    start = time.perf_counter()
+    found = plan_fastest(graph, cluster, time_limit_s=3.0, config=PlanConfig(num_groups=6))
+    wall = time.perf_counter() - start
+    assert set(found.shares_s) == {"pipeline", "graph-pipeline", "placement"}
+    assert all(0 < share <= 3.0 for share in found.shares_s.values())
+    times = found.family_times()
+    assert set(times) == set(FAMILIES)
+    for family in ("pipeline", "graph-pipeline"):  # their searches stop at their share
+        assert times[family] <= found.shares_s[family] + 0.5
+    assert wall <= 2 * 3.0 + 1.0
+    payload = found.as_dict()
+    assert payload["time_limit_s"] == 3.0 and set(payload["family_planning_time_s"]) == set(FAMILIES)
