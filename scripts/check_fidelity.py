@@ -1,20 +1,29 @@
 """The simulator held against executed steps: plans for `local:2`, simulated with this host's profile, run.
 
-    python scripts/check_fidelity.py [--models gpt2,candle-uno] [--steps 6] [--profile host.json] [--json]
+    python scripts/check_fidelity.py [--models gpt2,candle-uno] [--steps 8] [--profile host.json]
+                                     [--comm per-plan|profile] [--json]
 
 For each tiny zoo model (batch 8) the host is profiled first (every op at 2, 4 and 8 rows with one torch
-thread, and gloo between two processes; or read from ``--profile``), then plans for ``local:2`` with that
-profile's communication curve are made: one device, data parallel with all-reduce and with a parameter
-server, a two-device split of the op groups, `tag plan`'s searched plan (no SFB, no fusion: what `tag run`
-executes), and two-stage pipelines under 1F1B and GPipe with 4 micro-batches. Each plan is simulated at op
-granularity with the profile's op times (:class:`tag.cost.ProfiledCostModel`) and run for ``--steps``
-steps on two processes (`tag run`'s executor); measured = the median over the steps after the first of
-the slowest rank. Prints a table, then one JSON line with the median and largest relative error.
+thread and what `tag run`'s executor adds per op; or read from ``--profile``), then plans for ``local:2``
+are made: one device, data parallel with all-reduce and with a parameter server, a two-device split of
+the op groups, `tag plan`'s searched plan (no SFB, no fusion: what `tag run` executes), and two-stage
+pipelines under 1F1B and GPipe with 4 micro-batches. Each plan is simulated with the profile's op times
+(:class:`tag.cost.ProfiledCostModel`) and run for ``--steps`` steps on two processes by `tag run`'s own
+interpreter (pipelines too: ``runtime="tag"``, whose per-op overhead the profile measured; torch's
+pipelining pays another), every instruction timed (:mod:`tag.profile.timeline`); measured = the median
+over the steps after the first of the slowest rank.
 
-The profile includes what `tag run`'s executor adds to every op (:mod:`tag.profile.executor`), so the
-simulation charges it. Where the simulator misses, the table says where: the miss of a plan with
-communication is spread over its transfers and collectives, that of a plan without over its busiest
-rank's ops.
+Communication: on a shared machine the time a blocked rank takes to wake up, which every transfer and
+collective of gloo pays, moves with the load by ten times within minutes. With ``--comm per-plan``
+(default) `tag profile`'s communication benchmark (:func:`tag.profile.comm.measure_comm`) runs in the same
+two processes just before each plan, and that plan is simulated on ``local:2`` with the point-to-point
+curve just measured; with ``--comm profile`` every plan uses the profile's one curve.
+
+Where the simulator misses, the table says where, from the busiest rank's timeline against the simulated
+tasks of its device: the miss in compute (per op, measured instruction times against the profile's) and
+in everything else (per transfer or collective: receives, collectives and the waits for the other rank),
+and the measured and simulated time of one collective where the plan has any. Prints a table, then one
+JSON line with the median and largest relative error.
 """
 
 from __future__ import annotations
@@ -29,26 +38,33 @@ import numpy as np
 import torch
 
 from tag.cluster.presets import local_cluster
+from tag.compiler.check import check_compiled
 from tag.compiler.compile import compile_strategy
 from tag.cost import ProfiledCostModel
 from tag.exact import plan_pipeline
-from tag.execute import WorkerPool, run_pipeline, run_strategy, zoo_program
-from tag.graph.opgraph import ROLE_INPUT, ROLE_OPTIMIZER
+from tag.exact.pipeline_compile import simulate_pipeline
+from tag.execute import WorkerPool, zoo_program
+from tag.execute.launch import launch
+from tag.execute.lower import lower_plan
+from tag.execute.pipeline import lower_pipeline
 from tag.grouping import group_ops
 from tag.planner import PlanConfig, plan_training
 from tag.profile.comm import measure_comm
 from tag.profile.data import DeviceProfile, Profile, load_profile, save_profile
 from tag.profile.executor import executor_overhead
 from tag.profile.ops import profile_program, single_thread
-from tag.sim import TASK_COMPUTE
+from tag.profile.timeline import COMPUTE, RECV, REDUCE, SEND, TimedProgram, timelines
+from tag.sim import TASK_COLLECTIVE, TASK_COMPUTE
 from tag.strategy import Strategy, make_pipeline_plan
 
 BATCH = 8
 GROUPS = 8
+PROBE_BYTES = (1024, 16384, 262144, 1048576, 4194304)  # the per-plan communication benchmark's sizes
 
 
-def host_profile(models: list[str], path: str | None) -> Profile:
-    """The host's profile of the tiny models at batch 8: read from ``path`` where it covers them, else measured."""
+def host_profile(models: list[str], path: str | None, pool: WorkerPool) -> Profile:
+    """The host's profile of the tiny models at batch 8: read from ``path`` where it exists, else measured
+    (and written there)."""
     if path is not None and os.path.exists(path):
         return load_profile(path)
     times = {}
@@ -57,8 +73,8 @@ def host_profile(models: list[str], path: str | None) -> Profile:
             program = zoo_program(model, tiny=True, batch_size=BATCH)
             bare = profile_program(program, device=torch.device("cpu"))
             times[program.name] = dataclasses.replace(bare, executor_overhead_s=executor_overhead(program, bare))
-    profile = Profile({"cpu": DeviceProfile("cpu", "this host", "cpu", "fp32", 1, "", {"repeats": 5},
-                                            times, measure_comm())})
+    profile = Profile({"cpu": DeviceProfile("cpu", "this host", "cpu", "fp32", 1, torch.__version__,
+                                            {"repeats": 5}, times, measure_comm(pool=pool))})
     if path is not None:
         save_profile(profile, path)
     return profile
@@ -82,7 +98,7 @@ def placement_plans(graph, cluster, cost) -> dict:
 
 
 def pipeline_plans(graph, cluster, cost) -> dict:
-    """name -> (plan file record, simulated seconds, task graph) of two-stage pipelines."""
+    """name -> (plan file record, PipelinePlan) of two-stage pipelines."""
     out = {}
     for schedule in ("1f1b", "gpipe"):
         plan = plan_pipeline(graph, cluster, stages=2, replicas=1, micro_batches=4, schedule=schedule, cost=cost)
@@ -91,98 +107,127 @@ def pipeline_plans(graph, cluster, cost) -> dict:
                                     micro_batches=4, replicas=sg.replicas.tolist(),
                                     reference_gpu=sg.gpu_types[sg.reference_type].name,
                                     forward_assignment=sg.forward_assignment, mapping=plan.mapping)
-        out[f"pipeline {schedule} 2x1 M4"] = (record, plan.iteration_time, plan.taskgraph,
-                                              _pipeline_ops(graph, sg, plan.mapping))
+        out[f"pipeline {schedule} 2x1 M4"] = (record, plan)
     return out
 
 
-def _pipeline_ops(graph, sg, mapping) -> int:
-    """Op calls on the busiest device of a pipeline: each stage's forward and backward ops once per
-    micro-batch, its optimizer ops once (the stage tasks of its task graph are coarser than ops)."""
-    per_device: dict[int, int] = {}
-    optimizer = graph.role == ROLE_OPTIMIZER
-    for stage, devices in enumerate(mapping):
-        ops = (sg.assignment == stage) & (graph.role != ROLE_INPUT)
-        calls = int((ops & ~optimizer).sum()) * sg.micro_batches + int((ops & optimizer).sum())
-        for device in devices:
-            per_device[device] = per_device.get(device, 0) + calls
-    return max(per_device.values())
+def measured_breakdown(lines: list[list[np.ndarray]], step_times: list[list[float]]) -> dict:
+    """What the slowest rank did in its median step (steps after the first): step, compute and
+    communication seconds, ops, communication instructions, and the median seconds of one collective.
+    ``lines`` [rank][step] timelines, ``step_times`` [step][rank]."""
+    per_step = np.array(step_times)[1:] if len(step_times) > 1 else np.array(step_times)  # [steps, ranks]
+    rank = int(np.argmax(np.median(per_step, axis=0)))
+    own = lines[rank][1:] if len(lines[rank]) > 1 else lines[rank]
+    compute = [float((t[:, 3] - t[:, 2])[t[:, 0] == COMPUTE].sum()) for t in own]
+    reduce = np.concatenate([(t[:, 3] - t[:, 2])[t[:, 0] == REDUCE] for t in own])
+    first = own[0]
+    return {"rank": rank, "measured_s": float(np.median(per_step.max(axis=1))),
+            "compute_s": float(np.median(compute)), "ops": int((first[:, 0] == COMPUTE).sum()),
+            "comm_instructions": int(np.isin(first[:, 0], (SEND, RECV, REDUCE)).sum()),
+            "collective_s": float(np.median(reduce)) if reduce.size else None}
 
 
-def shape(taskgraph) -> dict:
-    """Compute tasks on the busiest device and communication tasks of a simulated plan."""
-    compute = taskgraph.kind == TASK_COMPUTE
-    per_device = np.bincount(taskgraph.device[compute], minlength=2)
-    return {"ops_busiest": int(per_device.max()), "comm_tasks": int((~compute).sum())}
+def simulated_breakdown(taskgraph, iteration_time: float, device: int) -> dict:
+    """The simulated counterpart on ``device``: compute seconds, communication tasks it takes part in, and
+    the mean seconds of one collective (a pipeline's tasks are whole stages, so its ops are not counted)."""
+    compute = (taskgraph.kind == TASK_COMPUTE) & (taskgraph.device == device)
+    comm = (taskgraph.kind != TASK_COMPUTE) & ((taskgraph.device == device) | (taskgraph.peer == device)
+                                              | (taskgraph.kind == TASK_COLLECTIVE))
+    collective = taskgraph.kind == TASK_COLLECTIVE
+    return {"simulated_s": iteration_time, "sim_compute_s": float(taskgraph.duration[compute].sum()),
+            "sim_comm_tasks": int(comm.sum()),
+            "sim_collective_s": float(taskgraph.duration[collective].mean()) if collective.any() else None}
 
 
-def run_model(model: str, profile: Profile, cluster, pool: WorkerPool, steps: int) -> list[dict]:
+def run_plans(program, profile: Profile, pool: WorkerPool, steps: int, per_plan_comm: bool) -> list[dict]:
     cost = ProfiledCostModel(profile=profile)
-    program = zoo_program(model, tiny=True, batch_size=BATCH)
+    planning = local_cluster(2, profile=profile)
     graph = program.graph
     if not cost.covers(graph, "cpu"):
         raise SystemExit(f"the profile does not cover {program.name} at this structure; profile it again")
+    jobs = [(name, "placement", plan) for name, plan in placement_plans(graph, planning, cost).items()]
+    jobs += [(name, "pipeline", plan) for name, plan in pipeline_plans(graph, planning, cost).items()]
     rows = []
-    for name, (gg, strategy) in placement_plans(graph, cluster, cost).items():
-        compiled = compile_strategy(gg, strategy, cluster, granularity="op", cost=cost)
-        simulated = compiled.simulate(feedback=False).iteration_time
-        result = run_strategy(program, gg, strategy, cluster, steps=steps, pool=pool)
-        rows.append({"model": program.name, "plan": name, "simulated_s": simulated,
-                     "measured_s": result.median_step_s, **shape(compiled.taskgraph)})
-    for name, (record, simulated, taskgraph, calls) in pipeline_plans(graph, cluster, cost).items():
-        result = run_pipeline(program, record, cluster, steps=steps, pool=pool)
-        rows.append({"model": program.name, "plan": name, "simulated_s": simulated,
-                     "measured_s": result.median_step_s, **shape(taskgraph), "ops_busiest": calls})
+    for name, kind, plan in jobs:
+        load = os.getloadavg()[0]
+        p2p = measure_comm(pool=pool, sizes=PROBE_BYTES)["p2p"] if per_plan_comm else profile.device("cpu").comm["p2p"]
+        cluster = local_cluster(2, latency=p2p.latency_s, bandwidth=p2p.bandwidth)
+        if kind == "placement":
+            gg, strategy = plan
+            compiled = compile_strategy(gg, strategy, cluster, granularity="op", cost=cost)
+            check_compiled(compiled)
+            taskgraph, simulated = compiled.taskgraph, compiled.simulate(feedback=False).iteration_time
+            programs = lower_plan(program, compiled)
+        else:
+            record, planned = plan
+            taskgraph, result = simulate_pipeline(planned.stage_graph, cluster, planned.mapping,
+                                                  schedule=planned.schedule)
+            simulated = result.iteration_time
+            programs = lower_pipeline(program, record, cluster).programs
+        reports = launch([TimedProgram(p) for p in programs], program.tensors, steps=steps, pool=pool)
+        measured = measured_breakdown(timelines(reports), [[r["times"][k] for r in reports] for k in range(steps)])
+        sim = simulated_breakdown(taskgraph, simulated, measured["rank"])
+        rows.append({"model": program.name, "plan": name, "kind": kind, **measured, **sim,
+                     "p2p_latency_s": p2p.latency_s, "p2p_bandwidth": p2p.bandwidth,
+                     "load": round((load + os.getloadavg()[0]) / 2, 1)})
     return rows
 
 
 def diagnose(rows: list[dict]) -> None:
-    """Relative error per plan, and where the miss lies: spread over the communication tasks of a plan that
-    has some, else over the ops of its busiest rank."""
+    """Relative error per plan, and where the miss lies on the slowest rank: compute (per op) and the rest,
+    communication and waits (per transfer or collective)."""
     for r in rows:
-        miss = r["measured_s"] - r["simulated_s"]
-        r["error"] = abs(miss) / r["measured_s"]
-        r["miss_per_comm_task_s"] = miss / r["comm_tasks"] if r["comm_tasks"] else None
-        r["miss_per_op_s"] = None if r["comm_tasks"] else miss / max(r["ops_busiest"], 1)
+        r["error"] = abs(r["measured_s"] - r["simulated_s"]) / r["measured_s"]
+        compute_miss = r["compute_s"] - r["sim_compute_s"]
+        r["compute_miss_per_op_s"] = compute_miss / max(r["ops"], 1)
+        comm_miss = (r["measured_s"] - r["compute_s"]) - (r["simulated_s"] - r["sim_compute_s"])
+        r["comm_miss_s"] = comm_miss
+        r["comm_miss_per_task_s"] = comm_miss / r["comm_instructions"] if r["comm_instructions"] else None
+        r["blame"] = "compute" if abs(compute_miss) >= abs(comm_miss) else "communication"
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2,candle-uno", help="comma-separated tiny zoo models")
-    parser.add_argument("--steps", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--profile", default=None, help="read the host's profile here (measured and written if absent)")
+    parser.add_argument("--comm", choices=("per-plan", "profile"), default="per-plan",
+                        help="the point-to-point curve each plan is simulated with (module docstring)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args()
     started = time.perf_counter()
     models = args.models.split(",")
-    profile = host_profile(models, args.profile)
-    cluster = local_cluster(2, profile=profile)
     rows = []
     with WorkerPool(2) as pool:
+        profile = host_profile(models, args.profile, pool)
         for model in models:
-            rows += run_model(model, profile, cluster, pool, args.steps)
+            rows += run_plans(zoo_program(model, tiny=True, batch_size=BATCH), profile, pool, args.steps,
+                              args.comm == "per-plan")
     diagnose(rows)
     if not args.json:
-        print_table(rows, cluster)
+        print_table(rows)
     errors = [r["error"] for r in rows]
-    overhead = {name: t.executor_overhead_s for name, t in profile.device("cpu").models.items()}
-    p2p = profile.device("cpu").comm["p2p"]
-    print(json.dumps({"benchmark": "fidelity", "cluster": "local:2", "plans": len(rows),
+    device = profile.device("cpu")
+    print(json.dumps({"benchmark": "fidelity", "cluster": "local:2", "plans": len(rows), "comm": args.comm,
                       "median_error": float(np.median(errors)), "max_error": float(np.max(errors)),
-                      "executor_overhead_s": overhead, "p2p_latency_s": p2p.latency_s, "p2p_bandwidth": p2p.bandwidth,
+                      "executor_overhead_s": {name: t.executor_overhead_s for name, t in device.models.items()},
+                      "profile_p2p": {"latency_s": device.comm["p2p"].latency_s, "bandwidth": device.comm["p2p"].bandwidth},
+                      "profile_allreduce": {"latency_s": device.comm["allreduce"].latency_s,
+                                            "bandwidth": device.comm["allreduce"].bandwidth},
                       "seconds": round(time.perf_counter() - started, 1), "rows": rows}, default=float))
 
 
-def print_table(rows: list[dict], cluster) -> None:
-    print(f"local:2: gloo {cluster.latency[0, 1] * 1e6:.0f} us + S / {cluster.bandwidth[0, 1] / 1e9:.2f} GB/s")
-    print(f"{'model':<16}{'plan':<22}{'simulated':>11}{'measured':>11}{'error':>8}{'comm':>6}  miss")
+def print_table(rows: list[dict]) -> None:
+    print(f"{'model':<16}{'plan':<22}{'sim':>9}{'measured':>10}{'error':>7}{'load':>6}{'p2p':>8}  "
+          f"{'compute miss':>14}  {'comm miss':>19}  collective sim/measured")
     for r in rows:
-        if r["miss_per_comm_task_s"] is not None:
-            miss = f"{r['miss_per_comm_task_s'] * 1e6:+.0f} us per transfer or collective"
-        else:
-            miss = f"{r['miss_per_op_s'] * 1e6:+.1f} us per op"
-        print(f"{r['model']:<16}{r['plan']:<22}{r['simulated_s'] * 1e3:>9.2f}ms{r['measured_s'] * 1e3:>9.2f}ms"
-              f"{r['error']:>8.0%}{r['comm_tasks']:>6d}  {miss}")
+        comm = (f"{r['comm_miss_per_task_s'] * 1e6:+7.0f} us x{r['comm_instructions']:<3d}"
+                if r["comm_miss_per_task_s"] is not None else "")
+        collective = (f"{r['sim_collective_s'] * 1e3:.2f}/{r['collective_s'] * 1e3:.2f} ms"
+                      if r["sim_collective_s"] is not None and r["collective_s"] is not None else "")
+        print(f"{r['model']:<16}{r['plan']:<22}{r['simulated_s'] * 1e3:>7.2f}ms{r['measured_s'] * 1e3:>8.2f}ms"
+              f"{r['error']:>7.0%}{r['load']:>6.1f}{r['p2p_latency_s'] * 1e6:>6.0f}us  "
+              f"{r['compute_miss_per_op_s'] * 1e6:+7.1f} us/op  {comm:>19}  {collective}")
     errors = np.array([r["error"] for r in rows])
     print(f"relative error: median {np.median(errors):.0%}, largest {errors.max():.0%} over {len(rows)} plans")
 

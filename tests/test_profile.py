@@ -4,6 +4,7 @@ import gzip
 import json
 
 import numpy as np
+import torch
 import pytest
 
 from conftest import make_graph, run, run_json
@@ -20,7 +21,7 @@ from tag.profile import (
     save_profile,
     structure_fingerprint,
 )
-from tag.profile.comm import _fit, _robust_line
+from tag.profile.comm import _robust_line, fit_curve
 
 SIZES = (2, 4)
 
@@ -59,11 +60,29 @@ def test_relative_fit_and_comm_fit_keep_the_latency_of_small_messages():
     assert a == pytest.approx(alpha, rel=0.05) and 1 / c == pytest.approx(beta, rel=1e-6)
 
 
+def test_comm_fits_recover_a_known_transfer_and_a_whole_collective():
+    sizes = (1e3, 1e4, 1e5, 1e6, 1e7, 1e8)
+    p2p = fit_curve("p2p", "gloo", 2, sizes, [3e-4 + s / 2e9 for s in sizes])
+    assert p2p.latency_s == pytest.approx(3e-4, rel=1e-9) and p2p.bandwidth == pytest.approx(2e9, rel=1e-9)
+    assert p2p.predicted(5e6) == pytest.approx(3e-4 + 5e6 / 2e9, rel=1e-9)
+    # a whole all-reduce of 8e-4 s + S / 1 GB/s between 2 ranks: the ring's two hops each 4e-4 s, β = 1 GB/s
+    whole = [8e-4 + s / 1e9 for s in sizes]
+    collective = fit_curve("allreduce", "gloo", 2, sizes, whole)
+    assert collective.latency_s == pytest.approx(4e-4, rel=1e-9) and collective.bandwidth == pytest.approx(1e9, rel=1e-9)
+    for s, t in zip(sizes, whole):
+        assert collective.allreduce_seconds(s) == pytest.approx(t, rel=1e-9)
+        assert collective.allreduce_seconds(s) == pytest.approx(ring_allreduce_time(s, 2, 1e9, 4e-4), rel=1e-12)
+    # four ranks: 2(n-1)/n = 1.5 of S/β and 6 hop latencies make the same whole curve
+    four = fit_curve("allreduce", "gloo", 4, sizes, whole)
+    assert four.latency_s == pytest.approx(8e-4 / 6, rel=1e-9) and four.bandwidth == pytest.approx(1.5e9, rel=1e-9)
+    assert four.allreduce_seconds(1e7) == pytest.approx(8e-4 + 1e7 / 1e9, rel=1e-9)
+
+
 def test_allreduce_fit_is_the_ring_formula_of_the_cost_model():
     sizes = (1e3, 1e4, 1e5, 1e6, 1e7, 1e8)
     world, alpha, beta = 3, 5e-5, 2e9
     seconds = [ring_allreduce_time(s, world, beta, alpha) for s in sizes]
-    curve = _fit("allreduce", "gloo", world, sizes, seconds)
+    curve = fit_curve("allreduce", "gloo", world, sizes, seconds)
     assert curve.latency_s == pytest.approx(alpha, rel=1e-6)
     assert curve.bandwidth == pytest.approx(beta, rel=1e-6)
 
@@ -321,11 +340,55 @@ def test_tag_profile_times_a_tiny_model_end_to_end(capsys, tmp_path):
     assert planned["feasible"] and planned["iteration_time_s"] > 0
 
 
-def test_comm_is_measured_between_two_processes():
+@pytest.mark.parametrize("spawned", [False, True])
+def test_comm_is_measured_between_two_processes(pool, spawned):
     from tag.profile.comm import measure_comm
 
-    curves = measure_comm(sizes=(1024, 4096, 65536, 262144), warmup=0, repeats=1, timeout_s=60)
+    sizes = (1024, 4096, 65536, 262144)
+    curves = measure_comm(sizes=sizes, warmup=0, repeats=1, timeout_s=60, pool=None if spawned else pool)
     for kind in ("p2p", "allreduce"):
         curve = curves[kind]
-        assert curve.backend == "gloo" and curve.processes == 2 and len(curve.seconds) == 4
-        assert all(t > 0 for t in curve.seconds) and curve.bandwidth > 0 and curve.latency_s >= 0
+        assert curve.backend == "gloo" and curve.processes == 2 and curve.bytes == tuple(map(float, sizes))
+        assert all(t >= 0 for t in curve.seconds) and curve.bandwidth > 0 and curve.latency_s >= 0
+    assert all(t > 0 for t in curves["p2p"].seconds)  # a ping-pong always takes time; the all-reduce less its stagger may not
+
+
+# --------------------------------------------------------------------------------------------- timeline
+def test_timed_program_times_every_instruction_of_tag_runs_interpreter(pool):
+    from tag.cluster.presets import local_cluster
+    from tag.compiler.compile import compile_strategy
+    from tag.execute import lower_plan, zoo_program
+    from tag.execute.launch import launch
+    from tag.execute.lower import Compute, Recv, Reduce, Send
+    from tag.grouping import group_ops
+    from tag.profile.timeline import COMPUTE, INSTRUCTION_KINDS, LOCAL_REDUCE, RECV, REDUCE, SEND, TimedProgram, timelines
+    from tag.strategy import Strategy
+
+    program = zoo_program("candle-uno", tiny=True, batch_size=4)
+    cluster = local_cluster(2)
+    gg = group_ops(program.graph, num_groups=4, gpus=cluster)
+    placement = np.zeros((4, 2), dtype=int)
+    placement[:2, 0], placement[2:, 1] = 1, 1  # two groups on each rank: transfers both ways
+    compiled = compile_strategy(gg, Strategy.from_cluster(cluster, placement, ["duplicate"] * 4), cluster,
+                                granularity="op")
+    programs = lower_plan(program, compiled)
+    plain = launch(programs, program.tensors, steps=2, pool=pool)
+    timed = launch([TimedProgram(p) for p in programs], program.tensors, steps=2, pool=pool)
+    lines = timelines(timed)
+    seen = set()
+    for rank, rank_program in enumerate(programs):
+        expected = [(COMPUTE, s.op) if isinstance(s, Compute) else (SEND, s.task) if isinstance(s, Send)
+                    else (RECV, s.task) if isinstance(s, Recv)
+                    else (REDUCE if len(s.members) > 1 else LOCAL_REDUCE, s.task)
+                    for s in rank_program.steps if isinstance(s, (Compute, Send, Recv, Reduce))]
+        seen |= {kind for kind, _ in expected}
+        for step, line in enumerate(lines[rank]):
+            assert [(int(k), int(i)) for k, i in line[:, :2]] == expected  # every instruction, in program order
+            start, end = line[:, 2], line[:, 3]
+            assert (end >= start).all() and (start[1:] >= end[:-1]).all() and start[0] >= 0
+            assert end[-1] <= timed[rank]["times"][step]  # inside the step it timed
+        # the timeline is the only thing added: the same results as the untimed run, value for value
+        for got, want in zip(timed[rank]["results"], plain[rank]["results"]):
+            assert got.keys() == want.keys()
+            assert all(torch.equal(got[name], want[name]) for name in want)
+    assert {COMPUTE, SEND, RECV} <= seen and len(INSTRUCTION_KINDS) == 5

@@ -1,42 +1,42 @@
-"""Point-to-point and all-reduce time against message size between processes of this host.
+"""Point-to-point and all-reduce time against message size between processes of this host, measured the
+way `tag run`'s ranks communicate.
 
-``processes`` ranks are spawned (one torch thread each, as ``tag run`` starts its ranks), join one process
-group (gloo over TCP on the CPU; NCCL with one GPU per rank where this host has that many GPUs), and
-time, for each message size, after ``warmup`` untimed rounds:
+``processes`` ranks are started by `tag run`'s own launcher (:func:`tag.execute.launch.launch`: one torch
+thread each, gloo over TCP on the CPU; NCCL with one GPU per rank where this host has that many GPUs), or
+by a caller's :class:`~tag.execute.launch.WorkerPool`, and time, for each message size, after ``warmup``
+untimed rounds:
 
-- point to point: a ping-pong between ranks 0 and 1 (0 sends, 1 receives and sends back); one transfer
-  is half the round trip;
-- all-reduce: a sum over all ranks, each round started after a barrier; rank 0's time.
+- point to point, as the runtime sends: a ping-pong between ranks 0 and 1 of an ``isend`` answered by a
+  blocking ``recv`` (0 sends, 1 receives and sends back); one transfer is half the round trip. Each half
+  includes waking the receiver that waited in ``recv``, which is what a transfer costs a step;
+- all-reduce, as the runtime reduces: one ``all_reduce`` over all ranks, entered by rank 0 while the others
+  arrive ``stagger_s`` later (they spin, after a barrier), as ranks reach a collective at different points
+  of a step; rank 0's time less the stagger, so that the wait for the last rank and its wake-up count but
+  the stagger does not.
 
 The median of ``repeats`` rounds is kept. Each curve gets α + S/β fitted to it: β from the larger half of
-the sizes, α from the smaller half (:func:`_robust_line`). For the all-reduce, α and β are the per-hop latency and bandwidth
-that make the cost model's ring formula (:func:`tag.cost.comm.ring_allreduce_time`, 2(n−1)/n · S/β +
-2(n−1)·α) pass through the fit, so either curve can be compared with the simulator's.
-Results come back through a file, not a queue (a queue races with the worker's exit).
+the sizes, α from the smaller half (:func:`_robust_line`). The all-reduce's fit, a + c·S for the whole
+collective, is kept as the per-hop latency and bandwidth that make the cost model's ring formula
+(:func:`tag.cost.comm.ring_allreduce_time`, 2(n−1)/n · S/β + 2(n−1)·α) pass through it
+(:meth:`~tag.profile.data.CommCurve.allreduce_seconds`), so either curve can be compared with the simulator's.
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import statistics
-import tempfile
 import time
-import traceback
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
 import torch
-import torch.multiprocessing as mp
 
 from tag.errors import TagError
-from tag.execute.launch import free_port
 from tag.profile.data import CommCurve, fit_linear
 
-__all__ = ["DEFAULT_MESSAGE_BYTES", "measure_comm", "comm_backend", "CommError"]
+__all__ = ["DEFAULT_MESSAGE_BYTES", "DEFAULT_STAGGER_S", "measure_comm", "comm_backend", "CommError", "fit_curve"]
 
 DEFAULT_MESSAGE_BYTES = tuple(4 ** k * 1024 for k in range(8))  # 1 KiB .. 16 MiB
+DEFAULT_STAGGER_S = 1e-3  # how much later than rank 0 the other ranks enter a timed all-reduce
 _WARMUP, _REPEATS = 2, 7
 
 
@@ -53,55 +53,70 @@ def comm_backend(device: str) -> str:
     return "gloo"
 
 
-def _rounds(fn, warmup: int, repeats: int) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def _spin(seconds: float) -> None:
+    """Busy for ``seconds`` (a rank computing, not sleeping)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
-def _rank(rank: int, world: int, port: int, backend: str, sizes: Sequence[int], warmup: int, repeats: int,
-          timeout_s: float, out_dir: str) -> None:
-    """Body of one rank: time every size, rank 0 writes ``comm.json``; a failure writes ``rank{r}.error``."""
-    import torch.distributed as dist
+class _CommProbe:
+    """One rank's part of the benchmark, run by `tag run`'s launcher like a rank program: ``make_runtime``
+    gives the object whose ``step`` times every size and returns ``{"p2p": [K], "allreduce": [K]}`` median
+    seconds (rank 0's are the figures)."""
 
-    torch.set_num_threads(1)
-    try:
-        dist.init_process_group(backend, init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
-                                timeout=datetime.timedelta(seconds=timeout_s))
-        device = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
-        sync = (lambda: torch.cuda.synchronize(device)) if backend == "nccl" else (lambda: None)
+    def __init__(self, rank: int, sizes: Sequence[int], warmup: int, repeats: int, stagger_s: float) -> None:
+        self.rank, self.sizes, self.warmup, self.repeats, self.stagger_s = rank, tuple(sizes), warmup, repeats, stagger_s
+
+    def make_runtime(self, tensors: dict, device: torch.device | None = None) -> _CommProbe:
+        self.device = device or torch.device("cpu")
+        return self
+
+    def describe(self) -> str:
+        return "the communication benchmark"
+
+    def carry(self) -> None:
+        pass
+
+    def step(self) -> dict[str, torch.Tensor]:
+        import torch.distributed as dist
+
+        sync = (lambda: torch.cuda.synchronize(self.device)) if self.device.type == "cuda" else (lambda: None)
+        rank, stagger = self.rank, self.stagger_s
         p2p, allreduce = [], []
-        for nbytes in sizes:
-            x = torch.ones(max(1, int(nbytes) // 4), dtype=torch.float32, device=device)
+        for nbytes in self.sizes:
+            x = torch.ones(max(1, int(nbytes) // 4), dtype=torch.float32, device=self.device)
 
-            def ping_pong() -> None:
+            def ping_pong() -> float:
+                start = time.perf_counter()
                 if rank == 0:
-                    dist.send(x, 1)
+                    work = dist.isend(x, 1)
                     dist.recv(x, 1)
+                    work.wait()
                 elif rank == 1:
                     dist.recv(x, 0)
-                    dist.send(x, 0)
+                    dist.isend(x, 0).wait()
                 sync()
+                return (time.perf_counter() - start) / 2
 
-            def reduce() -> None:
+            def reduce() -> float:
+                dist.barrier()
+                if rank != 0:
+                    _spin(stagger)
+                start = time.perf_counter()
                 dist.all_reduce(x)
                 sync()
+                return max(0.0, time.perf_counter() - start - stagger)
 
-            dist.barrier()
-            p2p.append(_rounds(ping_pong, warmup, repeats) / 2)
-            dist.barrier()
-            allreduce.append(_rounds(lambda: (dist.barrier(), reduce()), warmup, repeats))
-        if rank == 0:
-            (Path(out_dir) / "comm.json").write_text(json.dumps({"p2p": p2p, "allreduce": allreduce}))
-        dist.destroy_process_group()
-    except BaseException as error:  # noqa: BLE001 - reported to the launcher through the file
-        (Path(out_dir) / f"rank{rank}.error").write_text(f"rank {rank}: {type(error).__name__}: {error}\n"
-                                                         + traceback.format_exc()[-2000:])
+            p2p.append(_median(ping_pong, self.warmup, self.repeats))
+            allreduce.append(_median(reduce, self.warmup, self.repeats))
+        return {"p2p": torch.tensor(p2p, dtype=torch.float64), "allreduce": torch.tensor(allreduce, dtype=torch.float64)}
+
+
+def _median(round_s, warmup: int, repeats: int) -> float:
+    for _ in range(warmup):
+        round_s()
+    return statistics.median(round_s() for _ in range(max(1, repeats)))
 
 
 def _robust_line(sizes: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
@@ -118,11 +133,14 @@ def _robust_line(sizes: np.ndarray, seconds: np.ndarray) -> tuple[float, float]:
     return a, c
 
 
-def _fit(kind: str, backend: str, world: int, sizes: Sequence[int], seconds: Sequence[float]) -> CommCurve:
+def fit_curve(kind: str, backend: str, world: int, sizes: Sequence[float], seconds: Sequence[float]) -> CommCurve:
+    """The :class:`CommCurve` of measured ``seconds`` [K] at ``sizes`` [K] bytes: α + S/β of one transfer
+    (``kind`` p2p), or of one whole all-reduce over ``world`` ranks, kept as it is and as the ring formula's
+    per-hop α and β (``kind`` allreduce: a = 2(n−1)·α, c = 2(n−1)/(n·β))."""
     a, c = _robust_line(np.asarray(sizes, dtype=np.float64), np.asarray(seconds, dtype=np.float64))
     if c <= 0:  # flat: no size grew the time; bound the bandwidth by the largest message
         c = float(seconds[-1]) / float(sizes[-1]) / 1e3
-    if kind == "allreduce":  # a = 2(n-1)·α, c = 2(n-1)/(n·β)
+    if kind == "allreduce":
         latency, bandwidth = a / (2 * (world - 1)), 2 * (world - 1) / (world * c)
     else:
         latency, bandwidth = a, 1.0 / c
@@ -131,35 +149,20 @@ def _fit(kind: str, backend: str, world: int, sizes: Sequence[int], seconds: Seq
 
 
 def measure_comm(*, processes: int = 2, device: str = "cpu", sizes: Sequence[int] = DEFAULT_MESSAGE_BYTES,
-                 warmup: int = _WARMUP, repeats: int = _REPEATS, timeout_s: float = 120.0) -> dict[str, CommCurve]:
-    """``{"p2p": curve, "allreduce": curve}`` between ``processes`` ranks on this host (module docstring)."""
+                 warmup: int = _WARMUP, repeats: int = _REPEATS, stagger_s: float = DEFAULT_STAGGER_S,
+                 timeout_s: float = 120.0, pool=None) -> dict[str, CommCurve]:
+    """``{"p2p": curve, "allreduce": curve}`` between ``processes`` ranks on this host (module docstring);
+    ``pool``: a :class:`~tag.execute.launch.WorkerPool` of at least ``processes`` to run them in."""
+    from tag.execute.launch import launch
+    from tag.execute.lower import ExecutionError
+
     if processes < 2:
         raise CommError(f"measuring communication needs at least 2 processes, got {processes}")
     backend = comm_backend(device)
-    port = free_port()
-    context = mp.get_context("spawn")
-    with tempfile.TemporaryDirectory(prefix="tag-comm-") as out:
-        ranks = [context.Process(target=_rank, daemon=True,
-                                 args=(r, processes, port, backend, tuple(sizes), warmup, repeats, timeout_s, out))
-                 for r in range(processes)]
-        for p in ranks:
-            p.start()
-        deadline = time.monotonic() + timeout_s + 60
-        for p in ranks:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in ranks:
-            if p.is_alive():
-                p.kill()
-                p.join(5)
-        errors = sorted(Path(out).glob("rank*.error"))
-        if errors:
-            raise CommError(f"measuring communication ({backend}): {errors[0].read_text().splitlines()[0]}")
-        died = [r for r, p in enumerate(ranks) if p.exitcode not in (0, None)]
-        if died:
-            raise CommError(f"measuring communication ({backend}): rank {died[0]} died (exit status "
-                            f"{ranks[died[0]].exitcode})")
-        result = Path(out) / "comm.json"
-        if not result.exists():
-            raise CommError(f"measuring communication ({backend}): the ranks did not finish in {timeout_s:.0f} s")
-        data = json.loads(result.read_text())
-    return {kind: _fit(kind, backend, processes, sizes, data[kind]) for kind in ("p2p", "allreduce")}
+    probes = [_CommProbe(r, sizes, warmup, repeats, stagger_s) for r in range(processes)]
+    try:
+        reports = launch(probes, {}, steps=1, backend=backend, timeout_s=timeout_s, pool=pool)
+    except ExecutionError as error:
+        raise CommError(f"measuring communication ({backend}): {error}") from None
+    measured = reports[0]["results"][0]
+    return {kind: fit_curve(kind, backend, processes, sizes, measured[kind].tolist()) for kind in ("p2p", "allreduce")}

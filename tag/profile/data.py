@@ -175,7 +175,14 @@ class CommCurve:
     bandwidth: float  # β of the fit, bytes/s
 
     def predicted(self, nbytes: float) -> float:
+        """Seconds of one transfer of ``nbytes`` by the fit (a p2p curve)."""
         return self.latency_s + nbytes / self.bandwidth
+
+    def allreduce_seconds(self, nbytes: float) -> float:
+        """Seconds of one all-reduce of ``nbytes`` over the curve's processes by the fit (an all-reduce curve,
+        whose α and β are per ring hop): 2(n−1)/n · S/β + 2(n−1)·α."""
+        n = self.processes
+        return 2.0 * (n - 1) / n * nbytes / self.bandwidth + 2.0 * (n - 1) * self.latency_s
 
 
 @dataclass(frozen=True, eq=False)
