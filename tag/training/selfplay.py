@@ -27,7 +27,7 @@ from tag.cluster import Cluster, tag_random
 from tag.cluster.families import family_cluster
 from tag.graph import OpGraph
 from tag.grouping import GroupGraph, group_ops
-from tag.policy import GNNEvaluator, HeteroPolicy, state_to_data
+from tag.policy import FeatureCache, GNNEvaluator, HeteroPolicy, state_to_data
 from tag.search import (PlacementEnv, PlacementState, SearchResult, beats_reference, mcts_search,
                         uniform_batch_evaluator)
 from tag.training.config import VALIDATION_SEED_START, TrainConfig
@@ -158,7 +158,8 @@ def play_game(config: TrainConfig, model: HeteroPolicy | None, game: int) -> Gam
     result = mcts_search(env, noisy.one, batch_evaluator=noisy, batch_size=config.leaf_batch,
                          c_puct=config.c_puct, max_iterations=config.mcts_iterations,
                          target_visits=config.min_visits, seed=int(rng.integers(2**63)))
-    samples = [Sample(_plain(state_to_data(t.state)), torch.from_numpy(t.policy.astype(np.float32)))
+    features = FeatureCache()  # the game's targets share one grouping and cluster: static features once
+    samples = [Sample(_plain(state_to_data(t.state, features)), torch.from_numpy(t.policy.astype(np.float32)))
                for t in result.targets]
     return _record(game, instance, samples, result, time.perf_counter() - start)
 
