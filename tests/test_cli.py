@@ -215,3 +215,89 @@ def test_simulate_rejects_bad_view_path_before_work(capsys, tmp_path, flag, name
                        flag, str(tmp_path / name))
     assert code == 2 and err.count("\n") == 1 and flag in err
     assert not any(tmp_path.iterdir())
+
+
+# ------------------------------------------------------------------------------------ the command's shape
+def test_every_command_is_one_module_that_parses_and_runs():
+    import argparse
+    import importlib
+
+    from tag.cli.main import COMMANDS, build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    assert list(commands) == list(COMMANDS)
+    for name in COMMANDS:
+        assert commands[name].get_default("func") is importlib.import_module(f"tag.cli.{name}").run
+
+
+def test_plan_family_choices_are_the_planners_families():
+    from tag.cli.plan import FAMILY_CHOICES, families_of
+    from tag.planners import FAMILIES
+
+    assert FAMILY_CHOICES == ("all", *FAMILIES, "graph")
+    assert families_of("all") == FAMILIES and families_of("graph") == ("graph-pipeline",)
+    assert families_of("pipeline") == ("pipeline",)
+
+
+def test_python_dash_m_tag_is_the_command():
+    result = subprocess.run([sys.executable, "-m", "tag", "models", "--json"], capture_output=True, text=True,
+                            timeout=120, cwd=Path(__file__).resolve().parents[1])
+    assert result.returncode == 0, result.stderr
+    assert "vgg19" in [row["name"] for row in json.loads(result.stdout)["models"]]
+
+
+# ------------------------------------------------------------------------------------ 80-column reports
+TINY = ("vgg19", "--tiny", "--cluster", "tag-testbed", "--num-groups", "8")
+REPORTS = {  # the catalogues (models, clusters) wrap their descriptions: tested below
+    "show": ["show", "vgg19", "--tiny", "--cluster", "tag-testbed"],
+    "baselines": ["baselines", *TINY],
+    "simulate": ["simulate", *TINY, "--baseline", "metis-mp"],
+    "plan placement": ["plan", *TINY, "--family", "placement", "--budget", "3", "--uniform"],
+    "plan data-parallel": ["plan", *TINY, "--family", "data-parallel"],
+    "pipeline": ["pipeline", "vgg19", "--tiny", "--cluster", "tag-testbed", "--stages", "2", "--replicas", "8",
+                 "--time-limit", "5"],
+}
+
+
+@pytest.mark.parametrize("name", list(REPORTS))
+def test_every_table_fits_80_columns_unwrapped(capsys, monkeypatch, name):
+    """A table whose widest layout (every cell on one line) is at most 80 columns never wraps a row in an
+    80-column terminal; long prose lines may wrap, tables may not."""
+    from rich.console import Console
+    from rich.table import Table
+
+    import tag.cli.report as report
+
+    tables, console = [], report.console
+
+    def recording():
+        out = console()
+        draw = out.print
+        out.print = lambda *objects, **options: (tables.extend(o for o in objects if isinstance(o, Table)),
+                                                 draw(*objects, **options))
+        return out
+
+    monkeypatch.setattr(report, "console", recording)
+    code, out, err = run(capsys, *REPORTS[name])
+    assert code == 0, err
+    assert tables
+    wide = Console(width=400)
+    for table in tables:
+        assert wide.measure(table).maximum <= report.WIDTH, (table.title, wide.measure(table).maximum)
+
+
+def test_catalogues_keep_each_entry_on_its_first_line_at_80_columns(capsys, monkeypatch):
+    """The model zoo and the presets wrap only their descriptions: name and figures stay on one line."""
+    import re
+
+    monkeypatch.setenv("COLUMNS", "80")
+    code, out, err = run(capsys, "models")
+    assert code == 0, err
+    assert max(map(len, out.splitlines())) <= 80
+    for row in run_json(capsys, "models")["models"]:
+        assert re.search(rf"^{re.escape(row['name'])} +{row['batch_size']} +\S+ +\S", out, re.M), row["name"]
+    code, out, err = run(capsys, "clusters")
+    assert code == 0, err
+    assert max(map(len, out.splitlines())) <= 80
+    for row in run_json(capsys, "clusters")["clusters"]:
+        assert re.search(rf"^{re.escape(row.get('address', row['name']))} +{row['devices']} +\S", out, re.M)

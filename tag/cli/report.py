@@ -30,7 +30,8 @@ def _table(title: str, columns: tuple[str, ...], *, left: tuple[str, ...] = (), 
     from rich import box
     from rich.table import Table
 
-    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, **options)
+    table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True,
+                  **options)
     for column in columns:
         table.add_column(column, justify="left" if column in left else "right", no_wrap=column not in wrap)
     return table
@@ -41,7 +42,8 @@ def _pairs(title: str):
     from rich import box
     from rich.table import Table
 
-    table = Table(title=title, show_header=False, box=box.SIMPLE, pad_edge=False, show_edge=False)
+    table = Table(title=title, show_header=False, box=box.SIMPLE, pad_edge=False, show_edge=False,
+                  collapse_padding=True)
     table.add_column("what")
     table.add_column("value", justify="right")
     return table
@@ -92,6 +94,13 @@ def _rate(samples_per_s) -> str:
     return f"{samples_per_s:.1f}" if samples_per_s else "-"
 
 
+def _notes(out, notes: list[tuple[str, str]]) -> None:
+    """What a table's rows leave out, one ``name: note`` line each (a note is prose of any length)."""
+    for name, note in notes:
+        if note:
+            out.print(f"  {name}: {note}")
+
+
 def _devices(devices: list, limit: int) -> str:
     """Device ids, or the first…last (count) of a long list."""
     if len(devices) <= limit:
@@ -101,20 +110,21 @@ def _devices(devices: list, limit: int) -> str:
 
 # ------------------------------------------------------------------------------------ models, clusters
 def render_models(payload: dict) -> None:
-    table = _table("Model zoo (tag.models)", ("name", "batch", "params", "source", "description"),
-                   left=("name", "source", "description"), wrap=("source", "description"))
+    """The zoo; the papers each model's size comes from are in ``--json`` (``paper_source``)."""
+    table = _table("Model zoo (tag.models)", ("name", "batch", "params", "description"), left=("name", "description"),
+                   wrap=("description",))
     for row in payload["models"]:
         params = f"{row['paper_parameters'] / 1e6:.1f}M" if row["paper_parameters"] else "-"
-        table.add_row(row["name"], str(row["batch_size"]), params, row["paper_source"], row["description"])
+        table.add_row(row["name"], str(row["batch_size"]), params, row["description"])
     console().print(table)
 
 
 def render_clusters(payload: dict) -> None:
+    """Each preset as it is passed to ``--cluster`` (its name with example arguments)."""
     table = _table("Cluster presets (--cluster NAME[:ARGS] or a YAML/JSON spec file)",
-                   ("name", "example", "devices", "description"), left=("name", "example", "description"),
-                   wrap=("example", "description"))
+                   ("preset", "devices", "description"), left=("preset", "description"), wrap=("description",))
     for row in payload["clusters"]:
-        table.add_row(row["name"], row.get("address", row["name"]), str(row["devices"]), row.get("description", ""))
+        table.add_row(row.get("address", row["name"]), str(row["devices"]), row.get("description", ""))
     console().print(table)
 
 
@@ -181,37 +191,31 @@ def render_pipeline_simulation(payload: dict) -> None:
 
 
 def render_baselines(payload: dict) -> None:
+    """The baselines' table; each one's note (what it ran) below it."""
     from tag.units import format_bytes, format_time
 
     payload = shown(payload)
     table = _table(f"Baselines: {payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
                    f"({payload['devices']} devices)",
-                   ("baseline", "iteration", "samples/s", "vs DP-NCCL", "peak", "fits", "note"),
-                   left=("baseline", "fits", "note"), wrap=("note",))
+                   ("baseline", "iteration", "samples/s", "vs DP-NCCL", "peak", "fits"), left=("baseline", "fits"))
     for row in payload["baselines"]:
         speedup = f"{row['speedup']:.2f}x" if row["speedup"] else "-"
-        fits = "[green]yes[/]" if row["feasible"] else f"[red]OOM (device {row['oom_device']})[/]"
+        fits = "[green]yes[/]" if row["feasible"] else f"[red]OOM on {row['oom_device']}[/]"
         table.add_row(row["name"], format_time(row["iteration_time_s"]), f"{row['samples_per_s']:.1f}", speedup,
-                      format_bytes(row["max_peak_memory_bytes"]), fits, row["note"])
-    console().print(table)
+                      format_bytes(row["max_peak_memory_bytes"]), fits)
+    out = console()
+    out.print(table)
+    _notes(out, [(row["name"], row["note"]) for row in payload["baselines"]])
 
 
 # ------------------------------------------------------------------------------------------------ plan
 def render_placement(payload: dict, cluster) -> None:
     """``tag plan --family placement``: TAG's plan per op group and its summary."""
-    from tag.units import format_bytes, format_time
+    from tag.units import format_time
 
     out = console()
     payload = shown(payload)
-    groups = _table(f"Plan per op group ({payload['num_groups']} groups, most compute first)",
-                    ("group", "ops", "dev groups", "devices", "option", "compute", "makespan", "params", "SFB"),
-                    left=("dev groups", "devices", "option"))
-    for row in payload["groups"]:
-        makespan = format_time(row["makespan_s"]) if row["makespan_s"] is not None else "-"
-        groups.add_row(str(row["group"]), str(row["ops"]), ",".join(map(str, row["device_groups"])),
-                       _devices(row["devices"], 4), row["option"], format_time(row["compute_s"]), makespan,
-                       format_bytes(row["param_bytes"]), "yes" if row["sfb"] else "")
-    out.print(groups)
+    out.print(_groups_table(payload))
     summary = _pairs(f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
                      f"({payload['devices']} devices)")
     summary.add_row("iteration time", f"{format_time(payload['iteration_time_s'])} "
@@ -223,16 +227,32 @@ def render_placement(payload: dict, cluster) -> None:
         oom = " (baseline OOM)" if baseline["oom"] else ""
         summary.add_row(f"speed-up over {baseline['name']}",
                         (f"{ratio:.3f}x" if ratio else "-") + f"  [{format_time(baseline['iteration_time_s'])}{oom}]")
-    summary.add_row("search", f"{payload['search']}, {payload['priors']}: {payload['iterations']} iterations, "
-                              f"{payload['simulations']} simulations, {format_time(payload['search_time_s'])}")
-    if payload["sfb"] is not None:
-        sfb = payload["sfb"]
-        summary.add_row("SFB", f"{sfb['groups_kept']} groups, {sfb['gradients_replaced']} gradients, "
-                               f"{sfb['ops_duplicated']} ops duplicated, saves "
-                               f"{format_time(sfb['simulated_time_saved_s'])} (simulated)")
     _peak_rows(summary, payload, cluster)
     out.print(summary)
+    out.print(f"search: {payload['search']}, {payload['priors']}: {payload['iterations']} iterations, "
+              f"{payload['simulations']} simulations, {format_time(payload['search_time_s'])}")
+    if payload["sfb"] is not None:
+        sfb = payload["sfb"]
+        out.print(f"SFB: {sfb['groups_kept']} groups, {sfb['gradients_replaced']} gradients, "
+                  f"{sfb['ops_duplicated']} ops duplicated, saves {format_time(sfb['simulated_time_saved_s'])} "
+                  "(simulated)")
     print_files(out, payload["files"])
+
+
+def _groups_table(payload: dict):
+    """One row per op group: its device groups, how many devices, its option, compute, makespan, parameters
+    and SFB (its op count and device ids are in --json)."""
+    from tag.units import format_bytes, format_time
+
+    groups = _table(f"Plan per op group ({payload['num_groups']} groups, most compute first)",
+                    ("group", "dev groups", "devs", "option", "compute", "makespan", "params", "SFB"),
+                    left=("dev groups", "option"))
+    for row in payload["groups"]:
+        makespan = format_time(row["makespan_s"]) if row["makespan_s"] is not None else "-"
+        groups.add_row(str(row["group"]), _devices(row["device_groups"], 5), str(len(row["devices"])),
+                       row["option"], format_time(row["compute_s"]), makespan, format_bytes(row["param_bytes"]),
+                       "yes" if row["sfb"] else "")
+    return groups
 
 
 def _peak_rows(summary, payload: dict, cluster) -> None:
@@ -302,8 +322,7 @@ def render_pipeline(payload: dict) -> None:
     out = console()
     payload = shown(payload)
     stages = _table(f"Pipeline stages ({payload['partitioner']}, {payload['micro_batches']} micro-batches, "
-                    f"{payload['schedule']})",
-                    ("stage", "ops", "compute / micro-batch", "stage time / iteration", "params", "devices"),
+                    f"{payload['schedule']})", ("stage", "ops", "compute/mb", "time/iter", "params", "devices"),
                     left=("devices",))
     bottleneck = payload["max_stage_time_s"]
     for row in payload["stage_rows"]:
@@ -314,6 +333,7 @@ def render_pipeline(payload: dict) -> None:
         stages.add_row(str(row["stage"]), f"{row['ops']:,}", format_time(row["compute_per_micro_batch_s"]), text,
                        format_bytes(row["param_bytes"]), _devices(row["devices"], 8))
     out.print(stages)
+    out.print("compute/mb: a stage's compute per micro-batch; time/iter: its time per iteration")
     summary = _pairs(f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
                      f"({payload['devices']} devices)")
     summary.add_row("stages x replicas", f"{payload['stages']} x {payload['replicas']}")
@@ -327,9 +347,9 @@ def render_pipeline(payload: dict) -> None:
         summary.add_row("lower bound", f"{format_time(payload['lower_bound_s'])} ({proof})")
     summary.add_row(f"mapper ({payload['mapper']})", format_time(payload["solve_time_s"]))
     summary.add_row("peak memory (max device)", format_bytes(payload["peak_memory_bytes"]))
-    if payload.get("mapper_skipped"):
-        summary.add_row("mapper skipped", payload["mapper_skipped"])
     out.print(summary)
+    if payload.get("mapper_skipped"):
+        out.print(f"mapper skipped: {payload['mapper_skipped']}")
     print_files(out, payload["files"])
 
 
@@ -338,17 +358,16 @@ def render_graph_pipeline(payload: dict) -> None:
     from tag.units import format_bytes, format_time
 
     payload = shown(payload)
-    table = _table(f"Graph pipeline (GraphPipe): {payload['model']} (batch {payload['batch_size']}) on "
-                   f"{payload['cluster']}, {payload['micro_batches']} micro-batches, depth {payload['depth']}",
-                   ("stage", "ops", "compute / micro-batch", "in flight", "devices", "feeds"),
-                   left=("devices", "feeds"), wrap=("devices", "feeds"))
+    table = _table(f"Graph pipeline (GraphPipe), {payload['micro_batches']} micro-batches, depth {payload['depth']}",
+                   ("stage", "ops", "compute/mb", "in flight", "devices", "feeds"), left=("devices", "feeds"))
     for s, devices in enumerate(payload["mapping"]):
-        feeds = ",".join(str(b) for a, b in payload["stage_edges"] if a == s) or "-"
+        feeds = [b for a, b in payload["stage_edges"] if a == s]
         table.add_row(str(s), f"{payload['stage_ops'][s]:,}", format_time(payload["stage_time_s"][s]),
-                      str(payload["inflight"][s]), ",".join(map(str, devices)), feeds)
+                      str(payload["inflight"][s]), _devices(devices, 8), _devices(feeds, 6) or "-")
     out = console()
     out.print(table)
-    out.print(f"iteration {format_time(payload['iteration_time_s'])} ({_fits(payload['feasible'])}), "
+    out.print(f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']}: iteration "
+              f"{format_time(payload['iteration_time_s'])} ({_fits(payload['feasible'])}), "
               f"{payload['samples_per_s']:.1f} samples/s, peak memory {format_bytes(payload['peak_memory_bytes'])}, "
               f"search {format_time(payload['solve_time_s'])}")
     print_files(out, payload["files"])
@@ -356,24 +375,32 @@ def render_graph_pipeline(payload: dict) -> None:
 
 # --------------------------------------------------------------------------------------------- compare
 def render_compare(payload: dict) -> None:
-    from tag.units import format_bytes, format_time
+    """Every planner's row (its peak memory is in --json); why a planner gave no plan, below the table."""
+    from tag.units import format_time
 
     payload = shown(payload)
     table = _table(f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
                    f"({payload['devices']} devices): every planner, one simulator",
-                   ("planner", "iteration", "vs DP-NCCL", "peak", "search", "gap", "fits"),
-                   left=("planner", "fits"), wrap=("planner", "fits"))
+                   ("planner", "iteration", "vs DP-NCCL", "search", "gap", "fits"), left=("planner", "fits"))
+    notes = []
     for row in payload["planners"]:
         speedup = f"{row['speedup_over_dp_nccl']:.2f}x" if row["speedup_over_dp_nccl"] else "-"
         if row["gap"] is None:
             gap = "-"
         else:
             gap = "[green]optimal[/]" if row["proven_optimal"] else f"{100 * row['gap']:.1f}%"
-        fits = "[green]yes[/]" if row["feasible"] else f"[red]{row.get('note', 'OOM')}[/]"
-        memory = format_bytes(row["peak_memory_bytes"]) if row["peak_memory_bytes"] == row["peak_memory_bytes"] else "-"
-        table.add_row(row["planner"], format_time(row["iteration_time_s"]), speedup, memory,
+        if row["feasible"]:
+            fits = "[green]yes[/]"
+        elif row.get("note"):  # no plan: why, below the table
+            fits = "[red]no[/]"
+            notes.append((row["planner"], row["note"]))
+        else:
+            fits = "[red]OOM[/]"
+        table.add_row(row["planner"], format_time(row["iteration_time_s"]), speedup,
                       format_time(row["search_time_s"]), gap, fits)
-    console().print(table)
+    out = console()
+    out.print(table)
+    _notes(out, notes)
 
 
 # ------------------------------------------------------------------------------------------------- run
