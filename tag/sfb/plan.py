@@ -330,15 +330,14 @@ class _GroupContext(NamedTuple):
 
 
 class _GraphTables(NamedTuple):
-    """What does not depend on the strategy, memoised on the GroupGraph. N ops, T GPU types."""
+    """What does not depend on the strategy, memoised per grouping in the SFBCache. N ops, T GPU types."""
 
     units: _Units
     gradient_of: np.ndarray  # [N] bool
     scaled: np.ndarray  # [N, T] batch-proportional time of each op on each type of the cluster, whole batch
 
 
-_MEMO_ATTRIBUTE = "_sfb_memo"  # where a GroupGraph keeps its SFB tables and per-group results (dies with it)
-_MAX_MEMO_ENTRIES = 100_000  # per-group results kept per GroupGraph before the memo is emptied
+_MAX_MEMO_ENTRIES = 100_000  # per-group results kept per grouping before its memo is emptied
 
 
 def apply_sfb(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *, cost: CostModel | None = None,
@@ -349,7 +348,7 @@ def apply_sfb(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *, 
     ``cost``: op times (default: the grouping's cost model). ``depth``, ``max_ops``: the candidate subgraph
     (``max_ops`` counts candidates: an op with its views). ``method``, ``time_limit``, ``solver``: as
     :func:`tag.sfb.solve_sfb`. ``cache``: programs by signature, kept across calls (by default a fresh one).
-    Besides, each group's result is memoised on ``group_graph`` by everything it depends on (the group's
+    Besides, ``cache`` memoises each group's result by everything it depends on (the group's
     replicas and batch fractions, τ, its synchronised gradients, the parameters; not with a ``solver``), so
     a search that re-decides one group at a time pays only for the groups it changes.
     """
@@ -364,8 +363,8 @@ def apply_sfb(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *, 
     hits_before = cache.hits
     started = time.perf_counter()
     graph = group_graph.op_graph
-    tables = _graph_tables(group_graph, cluster, cost)
-    memo = group_graph.__dict__.setdefault(_MEMO_ATTRIBUTE, {})
+    memo = cache.graph_memo(group_graph)
+    tables = _graph_tables(memo, group_graph, cluster, cost)
     if len(memo) > _MAX_MEMO_ENTRIES:
         memo.clear()
     layouts = [replicas(strategy, cluster, g) for g in range(group_graph.num_groups)]
@@ -406,8 +405,7 @@ def apply_sfb(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *, 
                    time.perf_counter() - started)
 
 
-def _graph_tables(group_graph: GroupGraph, cluster: Cluster, cost: CostModel) -> _GraphTables:
-    memo = group_graph.__dict__.setdefault(_MEMO_ATTRIBUTE, {})
+def _graph_tables(memo: dict, group_graph: GroupGraph, cluster: Cluster, cost: CostModel) -> _GraphTables:
     key = ("tables", tuple(t.name for t in cluster.types), cost)
     tables = memo.get(key)
     if tables is None:

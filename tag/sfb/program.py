@@ -112,10 +112,14 @@ class SFBDecision(NamedTuple):
 
 @dataclass(eq=False)
 class SFBCache:
-    """Decisions keyed by (problem signature, D, τ) (:func:`problem_signature`); emptied when full."""
+    """Decisions keyed by (problem signature, D, τ) (:func:`problem_signature`); emptied when full. Also
+    each grouping's memo (:meth:`graph_memo`): its SFB tables and per-group results, for at most
+    ``max_graphs`` groupings at a time (each held by reference, so that its id cannot be reused)."""
 
     max_entries: int = 100_000
+    max_graphs: int = 8
     entries: dict = field(default_factory=dict)
+    graphs: dict = field(default_factory=dict)  # id(grouping) -> (grouping, its memo)
     hits: int = 0
     misses: int = 0
 
@@ -134,6 +138,15 @@ class SFBCache:
 
     def __len__(self) -> int:
         return len(self.entries)
+
+    def graph_memo(self, group_graph: Any) -> dict:
+        """The memo of ``group_graph`` (created empty on the first request)."""
+        entry = self.graphs.get(id(group_graph))
+        if entry is None or entry[0] is not group_graph:
+            if len(self.graphs) >= self.max_graphs:
+                self.graphs.clear()
+            entry = self.graphs[id(group_graph)] = (group_graph, {})
+        return entry[1]
 
 
 class _Problem(NamedTuple):
