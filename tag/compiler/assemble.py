@@ -40,28 +40,38 @@ class _Assembled(NamedTuple):
 
 
 @jit
-def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, a_duration, a_kind,
-              a_nres, a_res, a_dep_task, a_dep_on, a_dep_lag, a_tensor_device, a_tensor_bytes, a_tensor_producer,
-              a_alloc_lag, a_free_lag, a_tensor_persistent, a_read_tensor, a_read_task, a_read_lag, lagged, link_base,
-              num_devices, c_device, c_fraction, device_type, unit_ptr, unit_ids, unit_rank, unit_time_fixed,
-              unit_time_scaled, unit_out_rows, unit_out_fixed, local_ptr, local_src, local_dst, local_dep, persistent):
-    """Global columns (see :class:`_Assembled`; indices int32) of the fragments ``group_fragment`` [G]
-    (indexed by group) and ``pair_fragment`` [P] (pairs pair_p [P] -> pair_c [P]), laid out as
-    compile_strategy lays out its tasks: compute blocks in ``group_order``, then the pairs' early tasks, then
-    their late tasks. A compact fragment's rows are computed from its replicas' devices (``c_device``, of GPU
-    type ``device_type``) and batch fractions (``c_fraction``), as :func:`~tag.compiler.layout.unit_durations`
-    computes its durations and the compiler its output bytes, and :func:`_replica_rows` lists its rows for
-    :func:`_replica_fragments`: its group's units (``unit_ids``, CSR ``unit_ptr``, ``unit_rank``) with their
-    times (``unit_time_*``) and output bytes (``unit_out_*``), the pairs of them that read each other
-    (``local_*``) and its persistent bytes."""
-    num_groups = group_order.size
-    num_pairs = pair_fragment.size
-    num_used = num_groups + num_pairs
-    used = np.empty(num_used, dtype=np.int64)  # fragments in layout order: groups, then pairs
-    # [used, 4] global id of the first task of each segment of a fragment's task references (_segmented):
-    # P's block, C's block, early own, late own; [used, 3] the same for tensors: P's, C's, own
-    task_base = np.zeros((num_used, 4), dtype=np.int64)
-    tensor_base = np.zeros((num_used, 3), dtype=np.int64)
+def _assemble(fragments, arena, compact, units, lagged, link_base, num_devices):
+    """Global columns (see :class:`_Assembled`; indices int32) of one strategy's fragments, laid out as
+    compile_strategy lays out its tasks: compute blocks in the groups' topological order, then the pairs'
+    early tasks, then their late tasks.
+
+    ``fragments``: (meta [F, _META] the fragment table, group_order [G], group_fragment [G] (by group),
+    pair_fragment [P], pair_p [P], pair_c [P]: the pairs' groups). ``arena``: the arena's columns
+    (:data:`~tag.compiler.arena._ARENA_COLUMNS`; lags read only when ``lagged``). ``compact``: (device, fraction)
+    of compact fragments' replicas, whose rows are computed here as
+    :func:`~tag.compiler.layout.unit_durations` computes its durations and the compiler its output bytes, and
+    :func:`~tag.compiler.fragments._replica_rows` lists its rows, from ``units``: (device_type [D],
+    unit_ptr [G+1], unit_ids, unit_rank, unit_time_fixed [U, T], unit_time_scaled [U, T], unit_out_rows [U],
+    unit_out_fixed [U], local_ptr [G+1], local_src, local_dst, local_dep, persistent [G])."""
+    meta, group_order, group_fragment, pair_fragment, pair_p, pair_c = fragments
+    used, task_base, tensor_base, tasks, tensors = _bases(meta, group_order, group_fragment, pair_fragment, pair_p,
+                                                          pair_c)
+    task_columns = _write_tasks(meta, used, task_base, group_order.size, group_order, pair_c, tasks, arena, compact,
+                                units, link_base, num_devices)
+    references = _write_references(meta, used, task_base, tensor_base, tensors, arena, compact, units, lagged)
+    return task_columns + references
+
+
+@jit
+def _bases(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c):
+    """Where each fragment lands: (used [groups + pairs]: the fragments in layout order, groups then pairs;
+    task_base [used, 4]: the global id of the first task of each segment of a fragment's task references
+    (P's block, C's block, early own, late own: :func:`~tag.compiler.arena._segmented`); tensor_base
+    [used, 3]: the same for tensors (P's, C's, own); the tasks and the tensors in all)."""
+    num_groups, num_pairs = group_order.size, pair_fragment.size
+    used = np.empty(num_groups + num_pairs, dtype=np.int64)
+    task_base = np.zeros((num_groups + num_pairs, 4), dtype=np.int64)
+    tensor_base = np.zeros((num_groups + num_pairs, 3), dtype=np.int64)
     group_task = np.empty(num_groups, dtype=np.int64)  # group -> first task of its block
     group_tensor = np.empty(num_groups, dtype=np.int64)
     tasks = 0
@@ -92,20 +102,21 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
         tasks += meta[f, _TASKS] - meta[f, _EARLY]
         tensor_base[num_groups + k, 2] = tensors
         tensors += meta[f, _TENS]
-    num_deps = 0
-    num_reads = 0
-    for k in range(num_used):
-        num_deps += meta[used[k], _DEPS]
-        num_reads += meta[used[k], _READS]
+    return used, task_base, tensor_base, tasks, tensors
 
-    # Runs of tasks in global order: every fragment's early tasks (compute blocks, then the pairs'
-    # transfers), then the pairs' late tasks. [runs] fragment, first and end task inside it, arena offset of
-    # the first one's resources, group of its tasks (a group fragment's own; a pair's tasks are its consumer's).
-    run_fragment = np.empty(num_used + num_pairs, dtype=np.int64)
-    run_group = np.empty(num_used + num_pairs, dtype=np.int64)
-    run_begin = np.empty(num_used + num_pairs, dtype=np.int64)
-    run_end = np.empty(num_used + num_pairs, dtype=np.int64)
-    run_res = np.empty(num_used + num_pairs, dtype=np.int64)
+
+@jit
+def _runs(meta, used, num_groups, group_order, pair_c, a_nres):
+    """Runs of tasks in global order: every fragment's early tasks (compute blocks, then the pairs'
+    transfers), then the pairs' late tasks. Returns ([runs] fragment, group of its tasks (a group fragment's
+    own; a pair's tasks are its consumer's), first and end task inside the fragment, arena offset of the first
+    one's resources; the number of runs; the resources in all)."""
+    num_used = used.size
+    run_fragment = np.empty(2 * num_used - num_groups, dtype=np.int64)
+    run_group = np.empty(2 * num_used - num_groups, dtype=np.int64)
+    run_begin = np.empty(2 * num_used - num_groups, dtype=np.int64)
+    run_end = np.empty(2 * num_used - num_groups, dtype=np.int64)
+    run_res = np.empty(2 * num_used - num_groups, dtype=np.int64)
     num_res = 0
     for k in range(num_used):
         f = used[k]
@@ -123,12 +134,26 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
             run_fragment[runs], run_begin[runs], run_end[runs] = f, meta[f, _EARLY], meta[f, _TASKS]
             run_res[runs] = offset
             runs += 1
+    return run_fragment, run_group, run_begin, run_end, run_res, runs, num_res
+
+
+@jit
+def _write_tasks(meta, used, task_base, num_groups, group_order, pair_c, tasks, arena, compact, units, link_base,
+                 num_devices):
+    """(duration, kind, group, res_ptr, res, link_dense) of the assembly's ``tasks`` tasks (:func:`_assemble`),
+    run by run; links renumbered by first use (link_dense: src * D + dst of each, in resource order)."""
+    a_duration, a_kind, a_nres, a_res = arena[0], arena[1], arena[2], arena[3]
+    c_device, c_fraction = compact
+    device_type, unit_ptr, unit_ids, unit_time_fixed, unit_time_scaled = units[0], units[1], units[2], units[4], \
+        units[5]
+    run_fragment, run_group, run_begin, run_end, run_res, runs, num_res = _runs(meta, used, num_groups, group_order,
+                                                                                pair_c, a_nres)
     duration = np.empty(tasks)
     kind = np.empty(tasks, dtype=np.int8)
     group = np.empty(tasks, dtype=np.int32)
     res_ptr = np.empty(tasks + 1, dtype=np.int32)
     res = np.empty(num_res, dtype=np.int32)
-    compact = np.full(num_devices * num_devices, -1, dtype=np.int64)  # dense link -> its rank by first use
+    rank = np.full(num_devices * num_devices, -1, dtype=np.int64)  # dense link -> its rank by first use
     link_dense = np.empty(num_devices * num_devices, dtype=np.int64)
     links = 0
     t = 0
@@ -151,10 +176,9 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
                     h += 1
                     t += 1
             continue
-        first = meta[f, _TASK0]
         offset = run_res[run]
         g = run_group[run]
-        for i in range(first + run_begin[run], first + run_end[run]):
+        for i in range(meta[f, _TASK0] + run_begin[run], meta[f, _TASK0] + run_end[run]):
             duration[t] = a_duration[i]
             kind[t] = a_kind[i]
             group[t] = g
@@ -163,20 +187,38 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
                 r = np.int64(a_res[j])
                 if r >= link_base:
                     dense = r - link_base
-                    if compact[dense] < 0:
-                        compact[dense] = links
+                    if rank[dense] < 0:
+                        rank[dense] = links
                         link_dense[links] = dense
                         links += 1
-                    r = link_base + compact[dense]
+                    r = link_base + rank[dense]
                 res[h] = r
                 h += 1
             offset += a_nres[i]
             t += 1
     res_ptr[tasks] = h
+    return duration, kind, group, res_ptr, res, link_dense[:links].copy()
 
+
+@jit
+def _write_references(meta, used, task_base, tensor_base, tensors, arena, compact, units, lagged):
+    """(dep_task, dep_on, dep_lag, tensor_device, tensor_bytes, tensor_producer, alloc_lag, free_lag,
+    tensor_persistent, read_tensor, read_task, read_lag) of the assembly (:func:`_assemble`): each fragment's
+    references placed by their segment's base; a compact fragment's rows listed by
+    :func:`~tag.compiler.fragments._replica_rows`. Lags only where chunks are merged (``lagged``; otherwise
+    empty: every dependency and tensor is ordinary)."""
+    (_, _, _, _, a_dep_task, a_dep_on, a_dep_lag, a_tensor_device, a_tensor_bytes, a_tensor_producer, a_alloc_lag,
+     a_free_lag, a_tensor_persistent, a_read_tensor, a_read_task, a_read_lag) = arena
+    c_device, c_fraction = compact
+    (_, unit_ptr, unit_ids, unit_rank, _, _, unit_out_rows, unit_out_fixed, local_ptr, local_src, local_dst,
+     local_dep, persistent) = units
+    num_deps = 0
+    num_reads = 0
+    for k in range(used.size):
+        num_deps += meta[used[k], _DEPS]
+        num_reads += meta[used[k], _READS]
     dep_task = np.empty(num_deps, dtype=np.int32)
     dep_on = np.empty(num_deps, dtype=np.int32)
-    # lags only where chunks are merged (otherwise empty: every dependency and tensor is ordinary)
     dep_lag = np.empty(num_deps if lagged else 0)
     read_lag = np.empty(num_reads if lagged else 0)
     alloc_lag = np.empty(tensors if lagged else 0)
@@ -189,7 +231,7 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
     tensor_persistent = np.empty(tensors, dtype=np.bool_)
     e = 0
     q = 0
-    for k in range(num_used):
+    for k in range(used.size):
         f = used[k]
         bases = task_base[k]
         tbases = tensor_base[k]
@@ -228,8 +270,8 @@ def _assemble(meta, group_order, group_fragment, pair_fragment, pair_p, pair_c, 
             ref = a_tensor_producer[a]
             tensor_producer[n] = -1 if ref < 0 else bases[ref >> _SEGMENT_SHIFT] + (ref & _IN_SEGMENT)
             n += 1
-    return (duration, kind, group, res_ptr, res, link_dense[:links].copy(), dep_task, dep_on, dep_lag, tensor_device,
-            tensor_bytes, tensor_producer, alloc_lag, free_lag, tensor_persistent, read_tensor, read_task, read_lag)
+    return (dep_task, dep_on, dep_lag, tensor_device, tensor_bytes, tensor_producer, alloc_lag, free_lag,
+            tensor_persistent, read_tensor, read_task, read_lag)
 
 
 @jit

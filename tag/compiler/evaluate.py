@@ -124,6 +124,27 @@ class StrategyEvaluator:
         self._pair_p = np.array([p for p, _ in pairs], dtype=np.int64)  # [P]
         self._pair_c = np.array([c for _, c in pairs], dtype=np.int64)  # [P]
         self._group_order = self.tables.group_order.astype(np.int64)  # [G]
+        self._cluster_arrays()
+        unit_part = self.tables.unit_part
+        self._merging = unit_part is not None  # chunks merged into one task per part and replica: lags
+        self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * \
+            cluster.num_devices
+        self._unit_arrays()
+        self._skeleton_compiler = self._compiler()  # makes model-parallel pairs' bundles (_static_bundles)
+        self._kind_sets: dict[tuple, int] = {}  # the kinds of a pair's bundles, in order -> an id (_bundle_arrays)
+        # templates of pair fragments (_new_pair_fragments): ids of layout rows and of pair classes
+        self._row_ids: dict[tuple, int] = {}  # a layout's key less its group -> its row id (_row_of)
+        self._row_layout: list[GroupLayout] = []  # [rows] a layout of each
+        self._row_ps = np.zeros(0, dtype=np.bool_)  # [rows] whether its option is PS
+        self._pair_class = np.full(len(pairs), -1, dtype=np.int64)  # [P] _pair_class_of without PS, -1 not yet
+        self._ps_class: dict[tuple[int, int], int] = {}  # (pair, R) -> _pair_class_of under a PS consumer
+        self._pair_uses: dict[int, tuple] = {}  # pair -> its uses as _pair_class_of keys them under a PS consumer
+        self._class_ids: dict[tuple, int] = {}  # what a class holds -> its id
+        self._clear()
+
+    def _cluster_arrays(self) -> None:
+        """What the kernels read of the cluster (resources, bandwidths, latencies, NICs) and of the uses."""
+        cluster = self.cluster
         d, m = cluster.num_devices, cluster.num_machines
         self._link_base = 2 * d + 2 * m
         self._fixed_resources = np.array([RES_COMPUTE] * d + [RES_COMM] * d + [RES_NIC_OUT] * m + [RES_NIC_IN] * m,
@@ -139,12 +160,16 @@ class StrategyEvaluator:
         self._nic_in = np.where(cross, np.asarray(context.nic_in)[None, :], -1)  # [D, D]
         self._use_sync_index = self.tables.use_sync_index.astype(np.int64)  # [Q] PS round robin offset of each use
         self._use_bytes = self.tables.use_bytes.astype(np.float64)  # [Q]
+        # what the pair kernel reads of the cluster and the uses (_pair_fragments' costs)
+        self._costs = (self._alpha, self._beta, self._nic_out, self._nic_in, self._use_sync_index, self._use_bytes,
+                       self._link_base, d)
+
+    def _unit_arrays(self) -> None:
+        """What the kernels read of each group's units: their positions, output ranks, the pairs of them that
+        read each other (with the dependencies a longer path implies left out) and the persistent bytes."""
         self._unit_position = np.zeros(self.tables.num_units, dtype=np.int64)  # [U] index among its group's units
         for units in self.tables.group_units:
             self._unit_position[units] = np.arange(units.size)
-        unit_part = self.tables.unit_part
-        self._merging = unit_part is not None  # chunks merged into one task per part and replica: lags
-        self._num_merge_keys = (int(unit_part.max()) + 1 if unit_part is not None and unit_part.size else 0) * d
         # per group, for _replica_fragments: its units (CSR), the pairs of its units that read each other's
         # outputs (CSR of src -> dst unit indices, _local_pairs' order), its persistent bytes on each replica
         self._unit_ptr, self._unit_ids = csr_from_lists(self.tables.group_units)  # [G+1], [units]
@@ -154,8 +179,8 @@ class StrategyEvaluator:
         self._unit_rank = np.full(self._unit_ids.size, -1, dtype=np.int64)
         for begin, end in zip(self._unit_ptr[:-1].tolist(), self._unit_ptr[1:].tolist()):
             self._unit_rank[begin:end][outputs[begin:end]] = np.arange(int(outputs[begin:end].sum()))
-        local = [self._local_pairs(g) for g in range(group_graph.num_groups)]
-        self._local_ptr = np.zeros(group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
+        local = [self._local_pairs(g) for g in range(self.group_graph.num_groups)]
+        self._local_ptr = np.zeros(self.group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
         np.cumsum([src.size for src, _ in local], out=self._local_ptr[1:])
         self._local_src = np.concatenate([src for src, _ in local] + [np.zeros(0, dtype=np.int64)])
         self._local_dst = np.concatenate([dst for _, dst in local] + [np.zeros(0, dtype=np.int64)])
@@ -170,17 +195,10 @@ class StrategyEvaluator:
                 units = int(self._unit_ptr[g + 1] - self._unit_ptr[g])
                 self._local_dep[begin:begin + src.size] = ~_implied_edges(units, src, dst)
         self._persistent = ADAM_COPIES * np.asarray(self.tables.group_param_bytes, dtype=np.float64)  # [G]
-        self._skeleton_compiler = self._compiler()  # makes model-parallel pairs' bundles (_static_bundles)
-        self._kind_sets: dict[tuple, int] = {}  # the kinds of a pair's bundles, in order -> an id (_bundle_arrays)
-        # templates of pair fragments (_new_pair_fragments): ids of layout rows and of pair classes
-        self._row_ids: dict[tuple, int] = {}  # a layout's key less its group -> its row id (_row_of)
-        self._row_layout: list[GroupLayout] = []  # [rows] a layout of each
-        self._row_ps = np.zeros(0, dtype=np.bool_)  # [rows] whether its option is PS
-        self._pair_class = np.full(len(pairs), -1, dtype=np.int64)  # [P] _pair_class_of without PS, -1 not yet
-        self._ps_class: dict[tuple[int, int], int] = {}  # (pair, R) -> _pair_class_of under a PS consumer
-        self._pair_uses: dict[int, tuple] = {}  # pair -> its uses as _pair_class_of keys them under a PS consumer
-        self._class_ids: dict[tuple, int] = {}  # what a class holds -> its id
-        self._clear()
+        self._unit_columns = (self.context.type_array, self._unit_ptr, self._unit_ids, self._unit_rank,
+                              self.tables.unit_time_fixed, self.tables.unit_time_scaled, self.tables.unit_out_rows,
+                              self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst,
+                              self._local_dep, self._persistent)  # what assembly reads of the units (_assemble)
 
     def _clear(self) -> None:
         self._arena = _Arena(self._merging)
@@ -546,10 +564,9 @@ class StrategyEvaluator:
         first_task, first_tensor = blocks[:, 0] + blocks[:, 1], blocks[:, 2] + blocks[:, 3]
         (duration, kind, nres, res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
          read_task, counts) = _pair_fragments(
-            first_bundle, bundle_end, list_first, *self._bundles.arrays(), *self._list_rows.whole(("row",)),
-            *self._skeletons.arrays(), self.cluster.num_devices, fragment_p, fragment_c, *self._blocks.arrays(),
-            c_shift, first_task, first_tensor, consumer_group, self._use_sync_index, self._use_bytes, self._alpha,
-            self._beta, self._nic_out, self._nic_in, self._link_base)
+            (fragment_p, fragment_c, c_shift, first_task, first_tensor, consumer_group, first_bundle, bundle_end,
+             list_first), self._bundles.arrays(), self._list_rows.whole(("row",))[0], self._skeletons.arrays(),
+            self._blocks.arrays(), self._costs)
         self._layout_of += [None] * fragment_p.size
         if not self._merging:  # stored at once: the kernel makes no dependency of a task on itself
             # contiguous columns: a strided one (M > 1) and a contiguous one (M = 1) are two numba signatures
@@ -692,13 +709,9 @@ class StrategyEvaluator:
     def _assemble(self, group_ids: np.ndarray, pair_ids: np.ndarray) -> _Assembled:
         arena = self._arena
         arena.flush()
-        out = _assemble(arena.meta[:arena.stored], self._group_order, group_ids, pair_ids, self._pair_p,
-                        self._pair_c, *arena.whole(_ARENA_COLUMNS), self._merging, self._link_base,
-                        self.cluster.num_devices, *arena.compact.whole(("device", "fraction")),
-                        self.context.type_array, self._unit_ptr, self._unit_ids, self._unit_rank,
-                        self.tables.unit_time_fixed, self.tables.unit_time_scaled, self.tables.unit_out_rows,
-                        self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst, self._local_dep,
-                        self._persistent)
+        out = _assemble((arena.meta[:arena.stored], self._group_order, group_ids, pair_ids, self._pair_p, self._pair_c),
+                        arena.whole(_ARENA_COLUMNS), arena.compact.whole(("device", "fraction")), self._unit_columns,
+                        self._merging, self._link_base, self.cluster.num_devices)
         return _Assembled(*out)
 
     def _peak_memory(self, columns: _Assembled, start: np.ndarray, finish: np.ndarray) -> np.ndarray:

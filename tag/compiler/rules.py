@@ -127,6 +127,8 @@ class SkeletonQueue:
         return RawSkeletons(*make_skeletons(inputs, beta, num_devices, transfer0, part0, coll0))
 
 
+# Longer than ~80 lines for a reason: the dispatch of each category to its rule, which must see the whole
+# skeleton's state (holders, consumer rows, the transfers opened so far); the rules themselves are below.
 @jit
 def make_skeletons(inputs, beta, num_devices, transfer0, part0, coll0):
     """The skeletons of S bundles between pairs of layouts (module docstring). ``inputs``: the columns of

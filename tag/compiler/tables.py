@@ -222,59 +222,13 @@ def build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: str
     position = np.empty(n, dtype=np.int64)
     position[topo] = np.arange(n)
     demand = op_demand(graph.split)
-    edge_rows = graph.edge_batch_scaled
     is_input = graph.role == ROLE_INPUT
-
-    # Sync levels: longest path over sync edges inside each (group, role).
-    src, dst = graph.edge_src, graph.edge_dst
-    same_part = (assignment[src] == assignment[dst]) & (graph.role[src] == graph.role[dst]) & ~is_input[src]
-    sync = same_part & (((graph.split[src] == SPLIT_SUM) & (demand[dst] >= DEMAND_ROWS))
-                        | (edge_rows & (demand[dst] == DEMAND_ALL)))
-    level = np.zeros(n, dtype=np.int64)
-    if sync.any():
-        part_edges = np.flatnonzero(same_part)
-        order = part_edges[np.argsort(position[src[part_edges]], kind="stable")]
-        for k in order.tolist():  # producers in topological order: their level is final when read
-            candidate = level[src[k]] + int(sync[k])
-            if candidate > level[dst[k]]:
-                level[dst[k]] = candidate
-    level[is_input] = 0
-
-    # Time coefficients: t(f) = fixed + f · scaled, exact for the cost model's linear batch scaling. An op
-    # that needs its whole input (split class none) runs on the whole batch in every replica.
-    fixed = np.zeros((n, len(types)))
-    scaled = np.zeros((n, len(types)))
-    whole = graph.split == SPLIT_NONE
-    for k, gpu in enumerate(types):
-        at_zero = cost.op_times(graph, gpu, 0.0)
-        at_one = cost.op_times(graph, gpu, 1.0)
-        fixed[:, k] = np.where(whole, at_one, at_zero)
-        scaled[:, k] = np.where(whole, 0.0, at_one - at_zero)
-
+    level = _sync_levels(graph, assignment, demand, position)
+    fixed, scaled = _time_coefficients(graph, types, cost)
     group_order = gg.graph.topological_order()
-    group_rank = np.empty(gg.num_groups, dtype=np.int64)
-    group_rank[group_order] = np.arange(gg.num_groups)
     worker = np.flatnonzero(~is_input)
-    if granularity == "op":
-        order = worker[np.lexsort((position[worker], group_rank[assignment[worker]]))]
-        op_unit = np.full(n, NO_UNIT, dtype=np.int64)
-        op_unit[order] = np.arange(order.size)
-        unit_first = order
-    else:
-        # Readiness: ops whose inputs are all input ops are ready at time 0 (Adam's decay of its moments,
-        # embedding lookups); at op level the device runs them first.
-        late = np.zeros(n, dtype=np.int64)
-        late[dst[~is_input[src]]] = 1
-        key = ((group_rank[assignment[worker]] * 4 + graph.role[worker]) * (int(level.max()) + 1)
-               + level[worker]) * 2 + late[worker]
-        _, part = np.unique(key, return_inverse=True)
-        whole_part = part
-        if granularity in ("group", "merged"):
-            part = _boundary_chunks(graph, assignment, worker, part, position, (fixed + scaled).mean(axis=1))
-        op_unit = np.full(n, NO_UNIT, dtype=np.int64)
-        op_unit[worker] = part
-        unit_first = np.zeros(int(part.max()) + 1 if part.size else 0, dtype=np.int64)
-        unit_first[part] = worker
+    op_unit, unit_first, part, whole_part = _op_units(graph, assignment, group_order, worker, level, position,
+                                                      (fixed + scaled).mean(axis=1), granularity)
     num_units = unit_first.size
     unit_group = assignment[unit_first]
     unit_role = graph.role[unit_first]
@@ -326,6 +280,70 @@ def build_tables(gg: GroupGraph, types: tuple, cost: CostModel, granularity: str
     tables.unit_out_rows = np.bincount(op_unit[worker], weights=tables.op_out_rows[worker], minlength=num_units)
     tables.unit_out_fixed = np.bincount(op_unit[worker], weights=tables.op_out_fixed[worker], minlength=num_units)
     return tables
+
+
+def _sync_levels(graph: OpGraph, assignment: np.ndarray, demand: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """[N] sync level of each op: the longest path over sync edges inside its (group, role) (module
+    docstring); 0 for input ops. ``position`` [N]: each op's place in a topological order."""
+    is_input = graph.role == ROLE_INPUT
+    src, dst = graph.edge_src, graph.edge_dst
+    same_part = (assignment[src] == assignment[dst]) & (graph.role[src] == graph.role[dst]) & ~is_input[src]
+    sync = same_part & (((graph.split[src] == SPLIT_SUM) & (demand[dst] >= DEMAND_ROWS))
+                        | (graph.edge_batch_scaled & (demand[dst] == DEMAND_ALL)))
+    level = np.zeros(graph.num_ops, dtype=np.int64)
+    if sync.any():
+        part_edges = np.flatnonzero(same_part)
+        order = part_edges[np.argsort(position[src[part_edges]], kind="stable")]
+        for k in order.tolist():  # producers in topological order: their level is final when read
+            candidate = level[src[k]] + int(sync[k])
+            if candidate > level[dst[k]]:
+                level[dst[k]] = candidate
+    level[is_input] = 0
+    return level
+
+
+def _time_coefficients(graph: OpGraph, types: tuple, cost: CostModel) -> tuple[np.ndarray, np.ndarray]:
+    """([N, T] fixed, [N, T] scaled) seconds of each op on each GPU type: t(f) = fixed + f · scaled, exact for
+    the cost model's linear batch scaling. An op that needs its whole input (split class none) runs on the
+    whole batch in every replica."""
+    fixed = np.zeros((graph.num_ops, len(types)))
+    scaled = np.zeros((graph.num_ops, len(types)))
+    whole = graph.split == SPLIT_NONE
+    for k, gpu in enumerate(types):
+        at_zero = cost.op_times(graph, gpu, 0.0)
+        at_one = cost.op_times(graph, gpu, 1.0)
+        fixed[:, k] = np.where(whole, at_one, at_zero)
+        scaled[:, k] = np.where(whole, 0.0, at_one - at_zero)
+    return fixed, scaled
+
+
+def _op_units(graph: OpGraph, assignment: np.ndarray, group_order: np.ndarray, worker: np.ndarray,
+              level: np.ndarray, position: np.ndarray, op_time: np.ndarray, granularity: str) -> tuple:
+    """(op_unit [N] (NO_UNIT for input ops), unit_first [U] (an op of each unit), part [W] and whole_part [W]:
+    each worker op's unit and its part before boundary chunks, None at op granularity) at ``granularity``
+    (module docstring); units numbered in (group topological position, role, level, readiness, chunk) order."""
+    n = graph.num_ops
+    group_rank = np.empty(group_order.size, dtype=np.int64)
+    group_rank[group_order] = np.arange(group_order.size)
+    op_unit = np.full(n, NO_UNIT, dtype=np.int64)
+    if granularity == "op":
+        order = worker[np.lexsort((position[worker], group_rank[assignment[worker]]))]
+        op_unit[order] = np.arange(order.size)
+        return op_unit, order, None, None
+    # Readiness: ops whose inputs are all input ops are ready at time 0 (Adam's decay of its moments, embedding
+    # lookups); at op level the device runs them first.
+    late = np.zeros(n, dtype=np.int64)
+    late[graph.edge_dst[graph.role[graph.edge_src] != ROLE_INPUT]] = 1
+    key = ((group_rank[assignment[worker]] * 4 + graph.role[worker]) * (int(level.max()) + 1)
+           + level[worker]) * 2 + late[worker]
+    _, part = np.unique(key, return_inverse=True)
+    whole_part = part
+    if granularity in ("group", "merged"):
+        part = _boundary_chunks(graph, assignment, worker, part, position, op_time)
+    op_unit[worker] = part
+    unit_first = np.zeros(int(part.max()) + 1 if part.size else 0, dtype=np.int64)
+    unit_first[part] = worker
+    return op_unit, unit_first, part, whole_part
 
 
 def _split_by(keys: np.ndarray, values: np.ndarray, size: int) -> list[np.ndarray]:
