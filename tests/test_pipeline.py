@@ -282,6 +282,23 @@ def test_auto_searches_configurations(profiles, partitioner):
 
 
 @needs_profiles
+@pytest.mark.parametrize("partitioner", ["parmesan", "pipedream"])
+def test_a_time_limit_keeps_the_first_candidate_and_prefixes_the_full_search(profiles, partitioner):
+    """A limit that has passed before the first candidate: the search keeps that candidate (the first
+    (S, R, M) of the full search, simulated alike) and says it stopped; a bad limit is refused."""
+    cluster = resolve_cluster("two-level")
+    options = dict(auto=True, partitioner=partitioner, devices=range(8), alphas=(1.0,))
+    full = plan_pipeline(profiles["gnmt"], cluster, **options)
+    cut = plan_pipeline(profiles["gnmt"], cluster, time_limit_s=1e-9, **options)
+    assert cut.info["stopped_at_limit"] and not full.info["stopped_at_limit"]
+    assert 1 <= cut.info["configurations_simulated"] < full.info["configurations_simulated"]
+    assert cut.info["search"][0] == full.info["search"][0]
+    assert cut.iteration_time >= full.iteration_time
+    with pytest.raises(PartitionError, match="time_limit_s"):
+        plan_pipeline(profiles["gnmt"], cluster, time_limit_s=0, **options)
+
+
+@needs_profiles
 def test_plan_errors(profiles):
     graph, cluster = profiles["gnmt"], flat_cluster(4)
     with pytest.raises(PartitionError, match="need 6 devices; 4 given"):
