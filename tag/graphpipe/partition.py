@@ -545,10 +545,12 @@ class _Search:
                 low = mid + 1
         return low
 
-    def frontier(self) -> list[int]:
+    def frontier(self, deadline: float = np.inf) -> list[int]:
         """Target indices of the Pareto front of (bottleneck, depth): the least feasible target, then
         every target at which the shallowest depth drops. Between two targets of equal depth none
-        drops (monotone), so the front costs a bisection per step, not a solve per target."""
+        drops (monotone), so the front costs a bisection per step, not a solve per target. After
+        ``deadline`` (``time.perf_counter()`` seconds) the bisection stops with the points it has (the
+        least feasible target always)."""
         first = self.least(K.INF - 1)
         if first is None:
             return []
@@ -557,6 +559,8 @@ class _Search:
         def split(low: int, high: int) -> None:  # depth(low) > depth(high)
             if high == low + 1:
                 points.append(high)
+                return
+            if time.perf_counter() >= deadline:
                 return
             mid = (low + high) // 2
             if self.depth(mid) < self.depth(low):
@@ -598,14 +602,15 @@ def solve_for_target(bg: BlockGraph, tables: _Tables, target: float) -> tuple[in
 
 def depth_frontier(fg: ForwardGraph | BlockGraph, *, num_devices: int, micro_batches: int,
                    capacity: float = np.inf, bandwidth: float, max_replicas: int | None = None,
-                   tail_share: float = 1.0, **block_options: Any) -> list[tuple[float, int]]:
+                   tail_share: float = 1.0, deadline: float = np.inf, **block_options: Any) -> list[tuple[float, int]]:
     """(bottleneck seconds per micro-batch, shallowest depth) at every point of the Pareto front the
     DP reaches, least bottleneck first: every sequential or graph pipeline it can express is dominated
     by one of them. ``tail_share`` as in :func:`partition_graphpipe`; ``block_options`` go to
-    :func:`block_graph` when ``fg`` is not one yet."""
+    :func:`block_graph` when ``fg`` is not one yet; ``deadline`` (``time.perf_counter()`` seconds) cuts the
+    front short (:meth:`_Search.frontier`)."""
     bg = fg if isinstance(fg, BlockGraph) else block_graph(fg, **block_options)
     search = _search(bg, num_devices, micro_batches, capacity, bandwidth, max_replicas, tail_share)
-    return [(float(search.values[i]), search.depth(i)) for i in search.frontier()]
+    return [(float(search.values[i]), search.depth(i)) for i in search.frontier(deadline)]
 
 
 def _stage_dag(bg: BlockGraph, block_stage: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -322,11 +322,13 @@ def _frontier_entries(bg: BlockGraph, batch: int, device_list: list[int], micro_
         for share in TAIL_SHARES:
             if time.perf_counter() >= deadline:
                 break
-            front = depth_frontier(bg, micro_batches=m, tail_share=share, **options)
+            front = depth_frontier(bg, micro_batches=m, tail_share=share, deadline=deadline, **options)
             if not front and share == TAIL_SHARES[0]:
                 failures.append(f"M={m}: nothing fits device memory ({options['capacity'] / 2**30:.3g} GiB)")
             points += len(front)
-            for _, depth in front:
+            for k, (_, depth) in enumerate(front):
+                if k and time.perf_counter() >= deadline:  # the least bottleneck's plan at least
+                    break
                 part = partition_graphpipe(bg, micro_batches=m, max_depth=depth, tail_share=share, **options)
                 key = (m, part.forward_stage.tobytes(), part.replicas.tobytes())
                 candidates.setdefault(key, (_iteration_estimate(part, backward_share), part))
