@@ -24,16 +24,19 @@ def console():
 
 
 def _table(title: str, columns: tuple[str, ...], *, left: tuple[str, ...] = (), wrap: tuple[str, ...] = (),
-           **options):
+           widest: dict[str, int] | None = None, **options):
     """A rich table with ``columns``, right-justified unless named in ``left``; only the ``wrap`` columns
-    may wrap (a long name or note), the others keep one line so that numbers stay whole."""
+    may wrap (a long name or note), the others keep one line so that numbers stay whole; a column named in
+    ``widest`` is cut to that many characters with an ellipsis (its full text is in --json)."""
     from rich import box
     from rich.table import Table
 
+    widest = widest or {}
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True,
                   **options)
     for column in columns:
-        table.add_column(column, justify="left" if column in left else "right", no_wrap=column not in wrap)
+        table.add_column(column, justify="left" if column in left else "right", no_wrap=column not in wrap,
+                         max_width=widest.get(column), overflow="ellipsis")
     return table
 
 
@@ -282,6 +285,18 @@ def _iteration(value: float) -> str:
     return f"{value * 1e3:.4g} ms" if value >= 1e-3 else f"{value * 1e6:.4g} us"
 
 
+def _shape(text: str, limit: int = 18) -> str:
+    """A plan's shape ("3x9/6/1 M=8") in at most ``limit`` characters: a long replica list is cut, its
+    micro-batch count kept."""
+    if len(text) <= limit:
+        return text
+    head, sep, tail = text.rpartition(" M=")
+    if not sep:
+        head, tail = text, ""
+    tail = f"{sep}{tail}" if sep else ""
+    return head[:max(limit - len(tail) - 1, 1)] + "…" + tail
+
+
 def render_families(payload: dict) -> None:
     """``tag plan`` over plan families: each family's plans, the compute bound and the chosen plan."""
     from tag.units import format_bytes, format_time
@@ -290,21 +305,23 @@ def render_families(payload: dict) -> None:
     table = _table(f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
                    f"({payload['devices']} devices)",
                    ("family", "planner", "plan", "iteration", "x bound", "peak", "planned"),
-                   left=("family", "planner", "plan"), wrap=("plan",))
+                   left=("family", "planner", "plan"))
     chosen = (payload["family"], payload["planner"])
+    notes = []
     for row in payload["candidates"]:
         family = _FAMILY_SHORT.get(row["family"], row["family"])
-        if row["iteration_time_s"] is None:
-            table.add_row(family, row["planner"], f"[dim]{row['note'][:60]}[/]", "-", "-", "-",
-                          _seconds(row["planning_time_s"]))
+        if row["iteration_time_s"] is None:  # no plan: why, below the table
+            notes.append((row["planner"], row["note"]))
+            table.add_row(family, row["planner"], "[dim]no plan[/]", "-", "-", "-", _seconds(row["planning_time_s"]))
             continue
         mark = (row["family"], row["planner"]) == chosen
         oom = "" if row["feasible"] else " [red]OOM[/]"
-        table.add_row(family, f"[bold green]{row['planner']}[/]" if mark else row["planner"], row["shape"],
+        table.add_row(family, f"[bold green]{row['planner']}[/]" if mark else row["planner"], _shape(row["shape"]),
                       _iteration(row["iteration_time_s"]) + oom, f"{row['bound_ratio']:.2f}",
                       format_bytes(row["peak_memory_bytes"]), _seconds(row["planning_time_s"]))
     out = console()
     out.print(table)
+    _notes(out, notes)
     out.print(f"compute bound {format_time(payload['compute_bound_s'])}: one iteration's work over the "
               "devices' summed speed")
     state = "fits" if payload["feasible"] else "[red]OOM[/]"
