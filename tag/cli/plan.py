@@ -9,6 +9,7 @@ pipelines: the files ``tag simulate --strategy`` and ``tag run`` take).
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 
 from tag.cli.args import (add_cluster, add_grouping, add_json, add_model, add_profile, add_views, check_view_paths,
@@ -113,8 +114,6 @@ def _families(args: argparse.Namespace, graph, cluster, cost, started: float) ->
 
 def _placement(args: argparse.Namespace, graph, cluster, cost) -> dict:
     """``--family placement``: TAG's search (GNN priors + MCTS, or MCMC), SFB, and its own report."""
-    import sys
-
     from tag.cli.progress import progress_callback, search_progress
     from tag.planner import load_priors, plan_training
     from tag.planners import compute_bound
