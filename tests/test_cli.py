@@ -301,3 +301,34 @@ def test_catalogues_keep_each_entry_on_its_first_line_at_80_columns(capsys, monk
     assert max(map(len, out.splitlines())) <= 80
     for row in run_json(capsys, "clusters")["clusters"]:
         assert re.search(rf"^{re.escape(row.get('address', row['name']))} +{row['devices']} +\S", out, re.M)
+
+
+# ------------------------------------------------------------------------------ stored plans, rebuilt
+def test_a_plan_without_its_grouping_is_regrouped_by_metis_or_refused(capsys, tmp_path):
+    """A plan file that keeps only its grouping's fingerprint is simulated on METIS's grouping with the
+    same seed; another seed, or a strategy with more rows than METIS makes groups, is one clear error."""
+    from tag.cluster import resolve_cluster
+    from tag.compiler import compile_strategy
+    from tag.graph.resolve import resolve_model
+    from tag.grouping import group_ops
+    from tag.strategy import Strategy, grouping_fingerprint, make_plan, save_plan
+
+    graph = resolve_model("vgg19", tiny=True)
+    cluster = resolve_cluster("tag-testbed")
+    group_graph = group_ops(graph, num_groups=6, gpus=cluster, seed=3)
+    strategy = Strategy.data_parallel(6, cluster).with_group(1, [1, 0, 0, 0, 0, 0, 0], "duplicate")
+    expected = compile_strategy(group_graph, strategy, cluster).simulate(feedback=False).iteration_time
+    path = tmp_path / "plan.json"
+    save_plan(make_plan(strategy, graph, cluster, grouping_fingerprint=grouping_fingerprint(group_graph.assignment)),
+              path)
+    common = ("vgg19", "--tiny", "--cluster", "tag-testbed", "--strategy", str(path))
+    assert run_json(capsys, "simulate", *common, "--seed", "3")["iteration_time_s"] == pytest.approx(expected, rel=1e-12)
+    regrouped = group_ops(graph, num_groups=6, gpus=cluster, seed=4)
+    assert grouping_fingerprint(regrouped.assignment) != grouping_fingerprint(group_graph.assignment)
+    code, _, err = run(capsys, "simulate", *common, "--seed", "4")
+    assert code == 2 and err.count("\n") == 1 and "METIS (seed 4) groups this model differently" in err
+    too_many = tmp_path / "rows.json"
+    save_plan(make_plan(Strategy.data_parallel(10_000, cluster), graph, cluster, grouping_fingerprint="0" * 16),
+              too_many)
+    code, _, err = run(capsys, "simulate", "vgg19", "--tiny", "--cluster", "tag-testbed", "--strategy", str(too_many))
+    assert code == 2 and err.count("\n") == 1 and "the plan has 10000 rows and no stored grouping" in err

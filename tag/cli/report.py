@@ -218,7 +218,7 @@ def render_placement(payload: dict, cluster) -> None:
 
     out = console()
     payload = shown(payload)
-    out.print(_groups_table(payload))
+    out.print(_groups_table(payload, cluster.num_device_groups))
     summary = _pairs(f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
                      f"({payload['devices']} devices)")
     summary.add_row("iteration time", f"{format_time(payload['iteration_time_s'])} "
@@ -242,19 +242,21 @@ def render_placement(payload: dict, cluster) -> None:
     print_files(out, payload["files"])
 
 
-def _groups_table(payload: dict):
-    """One row per op group: its device groups, how many devices, its option, compute, makespan, parameters
-    and SFB (its op count and device ids are in --json)."""
+def _groups_table(payload: dict, num_device_groups: int):
+    """One row per op group: its device groups ("all", or their ids), how many devices, its option (with
+    "+SFB" where sufficient factors replace its gradients), compute, makespan and parameters (its op count
+    and device ids are in --json)."""
     from tag.units import format_bytes, format_time
 
     groups = _table(f"Plan per op group ({payload['num_groups']} groups, most compute first)",
-                    ("group", "dev groups", "devs", "option", "compute", "makespan", "params", "SFB"),
+                    ("group", "dev groups", "devs", "option", "compute", "makespan", "params"),
                     left=("dev groups", "option"))
     for row in payload["groups"]:
         makespan = format_time(row["makespan_s"]) if row["makespan_s"] is not None else "-"
-        groups.add_row(str(row["group"]), _devices(row["device_groups"], 5), str(len(row["devices"])),
-                       row["option"], format_time(row["compute_s"]), makespan, format_bytes(row["param_bytes"]),
-                       "yes" if row["sfb"] else "")
+        placed = row["device_groups"]
+        groups.add_row(str(row["group"]), "all" if len(placed) == num_device_groups else _devices(placed, 5),
+                       str(len(row["devices"])), row["option"] + ("+SFB" if row["sfb"] else ""),
+                       format_time(row["compute_s"]), makespan, format_bytes(row["param_bytes"]))
     return groups
 
 
