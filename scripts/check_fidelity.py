@@ -1,10 +1,11 @@
 """The simulator held against executed steps: plans for `local:2`, simulated with this host's profile, run.
 
-    python scripts/check_fidelity.py [--models gpt2,candle-uno] [--steps 8] [--profile host.json]
+    python scripts/check_fidelity.py [--models gpt2,candle-uno] [--steps 10] [--profile host.json]
                                      [--comm per-plan|profile] [--json]
 
 For each tiny zoo model (batch 8) the host is profiled first (every op at 2, 4 and 8 rows with one torch
-thread and what `tag run`'s executor adds per op; or read from ``--profile``), then plans for ``local:2``
+thread, what `tag run`'s executor adds per op in a rank process, gloo between two rank processes; or read
+from ``--profile``), then plans for ``local:2``
 are made: one device, data parallel with all-reduce and with a parameter server, a two-device split of
 the op groups, `tag plan`'s searched plan (no SFB, no fusion: what `tag run` executes), and two-stage
 pipelines under 1F1B and GPipe with 4 micro-batches. Each plan is simulated with the profile's op times
@@ -16,13 +17,17 @@ over the steps after the first of the slowest rank.
 Communication: on a shared machine the time a blocked rank takes to wake up, which every transfer and
 collective of gloo pays, moves with the load by ten times within minutes. With ``--comm per-plan``
 (default) `tag profile`'s communication benchmark (:func:`tag.profile.comm.measure_comm`) runs in the same
-two processes just before each plan, and that plan is simulated on ``local:2`` with the point-to-point
-curve just measured; with ``--comm profile`` every plan uses the profile's one curve.
+two processes just before each plan, and that plan is simulated on ``local:2`` with the point-to-point and
+all-reduce curves just measured (transfers priced by the first, collectives by the second:
+:class:`tag.cluster.presets.LocalCluster`); with ``--comm profile`` every plan uses the profile's curves.
 
 Where the simulator misses, the table says where, from the busiest rank's timeline against the simulated
 tasks of its device: the miss in compute (per op, measured instruction times against the profile's) and
 in everything else (per transfer or collective: receives, collectives and the waits for the other rank),
-and the measured and simulated time of one collective where the plan has any. Prints a table, then one
+with the number of transfers and collectives the rank ran against the simulated tasks it took part in (a
+pipeline's stage-level simulation moves one message per micro-batch and direction; the executed program
+moves every tensor that crosses the cut, each a hand-over between the ranks), and the measured and
+simulated time of one collective where the plan has any. Prints a table, then one
 JSON line with the median and largest relative error.
 """
 
@@ -62,19 +67,25 @@ GROUPS = 8
 PROBE_BYTES = (1024, 16384, 262144, 1048576, 4194304)  # the per-plan communication benchmark's sizes
 
 
-def host_profile(models: list[str], path: str | None, pool: WorkerPool) -> Profile:
-    """The host's profile of the tiny models at batch 8: read from ``path`` where it exists, else measured
-    (and written there)."""
-    if path is not None and os.path.exists(path):
-        return load_profile(path)
-    times = {}
+def bare_op_times(models: list[str]) -> dict:
+    """program name -> (program, ModelTimes) of the tiny models at batch 8: every op timed in this process
+    with one torch thread (before the ranks' pool starts: two processes importing torch would share the
+    cores with the timing)."""
+    out = {}
     with single_thread():
         for model in models:
             program = zoo_program(model, tiny=True, batch_size=BATCH)
-            bare = profile_program(program, device=torch.device("cpu"))
-            times[program.name] = dataclasses.replace(bare, executor_overhead_s=executor_overhead(program, bare))
-    profile = Profile({"cpu": DeviceProfile("cpu", "this host", "cpu", "fp32", 1, torch.__version__,
-                                            {"repeats": 5}, times, measure_comm(pool=pool))})
+            out[program.name] = (program, profile_program(program, device=torch.device("cpu")))
+    return out
+
+
+def host_profile(bare: dict, pool: WorkerPool, path: str | None) -> Profile:
+    """The host's profile: the bare op times, what `tag run`'s executor adds per op and gloo between two
+    processes, both measured in the pool's rank processes (written to ``path`` when given)."""
+    times = {name: dataclasses.replace(t, executor_overhead_s=executor_overhead(program, t, pool=pool))
+             for name, (program, t) in bare.items()}
+    profile = Profile({"cpu": DeviceProfile("cpu", "this host", "cpu", "fp32", 1, torch.__version__, {"repeats": 5},
+                                            times, measure_comm(pool=pool))})
     if path is not None:
         save_profile(profile, path)
     return profile
@@ -150,8 +161,10 @@ def run_plans(program, profile: Profile, pool: WorkerPool, steps: int, per_plan_
     rows = []
     for name, kind, plan in jobs:
         load = os.getloadavg()[0]
-        p2p = measure_comm(pool=pool, sizes=PROBE_BYTES)["p2p"] if per_plan_comm else profile.device("cpu").comm["p2p"]
-        cluster = local_cluster(2, latency=p2p.latency_s, bandwidth=p2p.bandwidth)
+        comm = measure_comm(pool=pool, sizes=PROBE_BYTES) if per_plan_comm else profile.device("cpu").comm
+        p2p, allreduce = comm["p2p"], comm["allreduce"]
+        cluster = local_cluster(2, latency=p2p.latency_s, bandwidth=p2p.bandwidth, collective_latency=allreduce.latency_s,
+                                collective_bandwidth=allreduce.bandwidth)
         if kind == "placement":
             gg, strategy = plan
             compiled = compile_strategy(gg, strategy, cluster, granularity="op", cost=cost)
@@ -169,6 +182,7 @@ def run_plans(program, profile: Profile, pool: WorkerPool, steps: int, per_plan_
         sim = simulated_breakdown(taskgraph, simulated, measured["rank"])
         rows.append({"model": program.name, "plan": name, "kind": kind, **measured, **sim,
                      "p2p_latency_s": p2p.latency_s, "p2p_bandwidth": p2p.bandwidth,
+                     "collective_latency_s": 2 * allreduce.latency_s, "collective_bandwidth": allreduce.bandwidth,
                      "load": round((load + os.getloadavg()[0]) / 2, 1)})
     return rows
 
@@ -189,7 +203,7 @@ def diagnose(rows: list[dict]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", default="gpt2,candle-uno", help="comma-separated tiny zoo models")
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--profile", default=None, help="read the host's profile here (measured and written if absent)")
     parser.add_argument("--comm", choices=("per-plan", "profile"), default="per-plan",
                         help="the point-to-point curve each plan is simulated with (module docstring)")
@@ -198,8 +212,10 @@ def main() -> None:
     started = time.perf_counter()
     models = args.models.split(",")
     rows = []
+    reuse = args.profile is not None and os.path.exists(args.profile)
+    bare = {} if reuse else bare_op_times(models)
     with WorkerPool(2) as pool:
-        profile = host_profile(models, args.profile, pool)
+        profile = load_profile(args.profile) if reuse else host_profile(bare, pool, args.profile)
         for model in models:
             rows += run_plans(zoo_program(model, tiny=True, batch_size=BATCH), profile, pool, args.steps,
                               args.comm == "per-plan")
@@ -218,16 +234,17 @@ def main() -> None:
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'model':<16}{'plan':<22}{'sim':>9}{'measured':>10}{'error':>7}{'load':>6}{'p2p':>8}  "
-          f"{'compute miss':>14}  {'comm miss':>19}  collective sim/measured")
+    print(f"{'model':<16}{'plan':<22}{'sim':>9}{'measured':>10}{'error':>7}{'load':>6}{'p2p':>8}{'coll.':>8}  "
+          f"{'compute miss':>14}  {'comm miss (sim tasks)':>24}  collective sim/measured")
     for r in rows:
-        comm = (f"{r['comm_miss_per_task_s'] * 1e6:+7.0f} us x{r['comm_instructions']:<3d}"
+        comm = (f"{r['comm_miss_per_task_s'] * 1e6:+7.0f} us x{r['comm_instructions']} ({r['sim_comm_tasks']})"
                 if r["comm_miss_per_task_s"] is not None else "")
         collective = (f"{r['sim_collective_s'] * 1e3:.2f}/{r['collective_s'] * 1e3:.2f} ms"
                       if r["sim_collective_s"] is not None and r["collective_s"] is not None else "")
         print(f"{r['model']:<16}{r['plan']:<22}{r['simulated_s'] * 1e3:>7.2f}ms{r['measured_s'] * 1e3:>8.2f}ms"
-              f"{r['error']:>7.0%}{r['load']:>6.1f}{r['p2p_latency_s'] * 1e6:>6.0f}us  "
-              f"{r['compute_miss_per_op_s'] * 1e6:+7.1f} us/op  {comm:>19}  {collective}")
+              f"{r['error']:>7.0%}{r['load']:>6.1f}{r['p2p_latency_s'] * 1e6:>6.0f}us"
+              f"{r['collective_latency_s'] * 1e6:>6.0f}us  "
+              f"{r['compute_miss_per_op_s'] * 1e6:+7.1f} us/op  {comm:>24}  {collective}")
     errors = np.array([r["error"] for r in rows])
     print(f"relative error: median {np.median(errors):.0%}, largest {errors.max():.0%} over {len(rows)} plans")
 

@@ -296,6 +296,50 @@ def test_local_cluster_resolves_with_defaults_or_the_profiles_curve(tmp_path):
     assert given.bandwidth[0, 1] == 1e9 and given.latency[0, 1] == pytest.approx(5e-5)
 
 
+def test_a_profiled_local_cluster_prices_collectives_by_the_measured_allreduce(tmp_path):
+    from tag.compiler.compile import compile_strategy
+    from tag.cost import allreduce_time, ps_time
+    from tag.grouping import group_ops
+    from tag.sim import TASK_COLLECTIVE
+    from tag.strategy import Strategy
+
+    graph = _graph()
+    # a whole all-reduce of 8e-4 s + S / 1 GB/s between the two processes: 4e-4 s and 1 GB/s per ring hop
+    allreduce = CommCurve("gloo", 2, (1024.0, 1048576.0), (8.01e-4, 1.85e-3), 4e-4, 1e9)
+    device = _profile(graph).device("cpu")
+    profile = Profile({"cpu": DeviceProfile("cpu", "test device", "cpu", "fp32", 1, "2.13", {}, device.models,
+                                            {**device.comm, "allreduce": allreduce})})
+    path = tmp_path / "host.json"
+    save_profile(profile, path)
+    cluster = resolve_cluster(f"local:2,profile={path}")
+    assert cluster.latency[0, 1] == 1e-4 and cluster.bandwidth[0, 1] == 2e9  # transfers: the p2p curve
+    assert (cluster.collective_latency_s, cluster.collective_bandwidth) == (4e-4, 1e9)
+    nbytes = 3e6
+    assert allreduce_time(cluster, [0, 1], nbytes) == pytest.approx(8e-4 + nbytes / 1e9, rel=1e-12)
+    assert allreduce_time(cluster, [0, 1], nbytes) == pytest.approx(allreduce.allreduce_seconds(nbytes), rel=1e-12)
+    assert ps_time(cluster, [0, 1], 0, nbytes) == pytest.approx(2 * (8e-4 + nbytes / 2e9), rel=1e-12)
+    links = resolve_cluster("local:2,latency=100us,bandwidth=2GB/s")  # no profile: the links price collectives
+    assert allreduce_time(links, [0, 1], nbytes) == pytest.approx(2e-4 + nbytes / 2e9, rel=1e-12)
+    # the compiler prices a data-parallel plan's all-reduces and a PS's phases the same way: per task, the
+    # same k latencies (one per fused tensor, or per parameter of a PS) at the collective's α, not the link's
+    from tag.graph.resolve import resolve_model as zoo_model
+
+    model = zoo_model("candle-uno", tiny=True)
+    gg = group_ops(model, num_groups=4, gpus=cluster)
+    for option, per_byte, per_latency in (("allreduce", (1 / 1e9, 1 / 2e9), (8e-4, 2e-4)),
+                                          ("ps", (2 / 2e9, 2 / 2e9), (2 * 8e-4, 2 * 1e-4))):
+        strategy = Strategy.data_parallel(gg.num_groups, cluster, option=option)
+        measured, linked = (compile_strategy(gg, strategy, target, granularity="op").taskgraph
+                            for target in (cluster, links))
+        synced = np.flatnonzero(measured.kind == TASK_COLLECTIVE)
+        assert synced.size > 0 and (linked.kind == measured.kind).all()
+        latencies = [(tg.duration[synced] - tg.nbytes[synced] * b) / a
+                     for tg, b, a in ((measured, per_byte[0], per_latency[0]), (linked, per_byte[1], per_latency[1]))]
+        np.testing.assert_allclose(latencies[0], np.round(latencies[0]), atol=1e-6)  # whole latencies
+        np.testing.assert_allclose(latencies[0], latencies[1], atol=1e-6)
+        assert (latencies[0] >= 1 - 1e-9).all()
+
+
 def test_local_cluster_plans_with_the_profiles_op_times():
     from tag.baselines import single_device
     from tag.grouping import group_ops

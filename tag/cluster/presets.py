@@ -6,7 +6,9 @@ ARGS is a comma-separated list: at most one positional value (a grid shape or a 
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, NamedTuple
 
@@ -28,6 +30,7 @@ __all__ = [
     "two_level",
     "dgx1x4",
     "local_cluster",
+    "LocalCluster",
     "LOCAL_BANDWIDTH",
     "LOCAL_LATENCY_S",
     "DGX1_NVLINK_SINGLE",
@@ -83,12 +86,27 @@ def dgx1x4() -> Cluster:
     return build_cluster("dgx1x4", machines, network_bandwidth=_DGX1_ETHERNET, links=links)
 
 
+@dataclass(eq=False)
+class LocalCluster(Cluster):
+    """``local:N``: processes of this host, whose collectives may have a measured latency and bandwidth of
+    their own. A gloo collective between processes waits once for its last rank and wakes the ones that
+    waited, where the ring formula at the point-to-point latency charges 2(n−1) hand-overs; a profile's
+    all-reduce curve, fitted as the ring formula's per-hop α and β (:mod:`tag.profile.comm`), prices them
+    as measured (:func:`tag.cost.comm.collective_figures`). None: the links price them."""
+
+    collective_latency_s: float | None = None  # α per ring hop of the measured all-reduce
+    collective_bandwidth: float | None = None  # β per ring hop, bytes/s
+
+
 def local_cluster(processes: int = 2, *, gpu: str = "cpu", profile: Any = None, bandwidth: float | None = None,
-                  latency: float | None = None) -> Cluster:
+                  latency: float | None = None, collective_latency: float | None = None,
+                  collective_bandwidth: float | None = None) -> LocalCluster:
     """``processes`` processes of this host, what `tag run` starts for a plan (one per device), pairwise
     joined by the backend's point-to-point curve: ``bandwidth``/``latency`` where given, else the fit of a
     profile's measured point-to-point curve (``profile``: a :class:`tag.profile.Profile`; the curve
     measured with device ``gpu``, else the profile's only one), else LOCAL_BANDWIDTH and LOCAL_LATENCY_S.
+    Collectives: ``collective_latency``/``collective_bandwidth`` (per ring hop) where given, else the
+    profile's all-reduce fit where it has one, else the links' (:class:`LocalCluster`).
     ``gpu``: the device type of a process (``cpu``: the ranks of `tag run` compute on the CPU).
 
     Each process is its own "machine" of one device, so each is its own device group, the unit a
@@ -97,22 +115,31 @@ def local_cluster(processes: int = 2, *, gpu: str = "cpu", profile: Any = None, 
     its NIC, shared by the streams of one collective as the network model shares a NIC."""
     if processes > MAX_DEVICES:  # checked before the list of machines is built
         raise ClusterError(f"{processes} devices asked for; tag plans for at most {MAX_DEVICES}")
-    curve = _profile_p2p(profile, gpu) if profile is not None else None
+    curve = _profile_curve(profile, gpu, "p2p") if profile is not None else None
     if bandwidth is None:
         bandwidth = curve.bandwidth if curve is not None else LOCAL_BANDWIDTH
     if latency is None:
         latency = curve.latency_s if curve is not None else LOCAL_LATENCY_S
-    return build_cluster(f"local:{processes}", [Machine(gpu, 1)] * processes, network_bandwidth=bandwidth,
-                         network_latency=latency)
+    collective = _profile_curve(profile, gpu, "allreduce", required=False) if profile is not None else None
+    if collective is not None:
+        collective_latency = collective.latency_s if collective_latency is None else collective_latency
+        collective_bandwidth = collective.bandwidth if collective_bandwidth is None else collective_bandwidth
+    links = build_cluster(f"local:{processes}", [Machine(gpu, 1)] * processes, network_bandwidth=bandwidth,
+                          network_latency=latency)
+    return LocalCluster(**{f.name: getattr(links, f.name) for f in dataclasses.fields(Cluster)},
+                        collective_latency_s=collective_latency, collective_bandwidth=collective_bandwidth)
 
 
-def _profile_p2p(profile: Any, gpu: str):
-    """The point-to-point curve of ``profile`` for processes of type ``gpu`` (or its only one)."""
-    curves = {name: device.comm["p2p"] for name, device in profile.devices.items() if "p2p" in device.comm}
+def _profile_curve(profile: Any, gpu: str, kind: str, *, required: bool = True):
+    """The ``kind`` (p2p, allreduce) curve of ``profile`` for processes of type ``gpu`` (or its only one);
+    None where it has none and it is not ``required``."""
+    curves = {name: device.comm[kind] for name, device in profile.devices.items() if kind in device.comm}
     if gpu in curves:
         return curves[gpu]
     if len(curves) == 1:
         return next(iter(curves.values()))
+    if not required:
+        return None
     measured = ", ".join(curves) or "none"
     raise SpecError(f"cluster preset local: the profile has no point-to-point measurement for {gpu!r} "
                     f"(measured: {measured}); run `tag profile` with --comm on this host")
@@ -223,7 +250,7 @@ PRESETS: dict[str, PresetInfo] = {
         _lut("uniform-dist", uniform_dist, "Parmesan uniform_dist: every pair bandwidth random"),
         PresetInfo("local", "local:N[,profile=FILE][,bandwidth=BW][,latency=T][,gpu=TYPE]", "local:2", 2,
                    "N processes on this host (what tag run starts), gloo between them: the point-to-point "
-                   "curve of a tag profile, else 2 GB/s and 200 us", local_cluster,
+                   "and all-reduce curves of a tag profile, else 2 GB/s and 200 us", local_cluster,
                    ("processes", _parse_count), {"profile": _parse_profile, "bandwidth": _parse_bandwidth,
                                                  "latency": _parse_latency, "gpu": _parse_gpu}),
         PresetInfo("tag-random", "tag-random[:seed=N][,machines=M]", "tag-random:seed=3", "varies",

@@ -24,7 +24,7 @@ import numpy as np
 
 from tag._arrays import csr_by_key, csr_from_lists
 from tag.cluster import Cluster
-from tag.cost.comm import hop_bandwidths
+from tag.cost.comm import hop_bandwidths, ps_phase_latency, ring_parameters
 from tag.grouping import quotients_are_dags
 from tag.grouping.metis import GroupSplitter
 from tag.strategy import MODEL_PARALLEL, SYNC_OPTIONS, Strategy
@@ -120,13 +120,11 @@ class ClusterContext:
         return tuple(sorted({r for d in devices for r in (self.nic_out[d], self.nic_in[d]) if r >= 0}))
 
     def ring(self, devices: tuple[int, ...]) -> tuple[float, float]:
-        """(slowest hop bandwidth, largest hop latency) of a ring over ``devices`` in order."""
+        """(slowest hop bandwidth, largest hop latency) of a ring over ``devices`` in order, or the cluster's
+        measured collective figures (:func:`tag.cost.comm.ring_parameters`)."""
         found = self.rings.get(devices)
         if found is None:
-            n = len(devices)
-            hops = [(devices[k], devices[(k + 1) % n]) for k in range(n)]
-            found = (float(hop_bandwidths(self.cluster, hops).min()), max(self.alpha[a][b] for a, b in hops))
-            self.rings[devices] = found
+            found = self.rings[devices] = ring_parameters(self.cluster, devices)[1:]
         return found
 
     def server(self, devices: tuple[int, ...], ps: int) -> tuple[float, float]:
@@ -136,7 +134,8 @@ class ClusterContext:
         if found is None:
             workers = [w for w in devices if w != ps]
             inverse = sum(1.0 / self._hop(w, ps) for w in workers)
-            found = (max((self.alpha[w][ps] for w in workers), default=0.0), inverse)
+            latency = max((self.alpha[w][ps] for w in workers), default=0.0)
+            found = (ps_phase_latency(self.cluster, len(workers) + 1, latency), inverse)
             self.servers[key] = found
         return found
 

@@ -24,6 +24,14 @@ ingress (full duplex), so a hop from machine a to machine b gets at most
 min(bandwidth[i, j], nic[a] / hops out of a, nic[b] / hops into b). A ring in device order whose
 machines are contiguous has one hop out of and one into each machine; an interleaved order has more,
 and pays for it. Collectives are flat (no hierarchical all-reduce).
+
+Measured collectives: a cluster of processes measured by ``tag profile`` (``local:N``,
+:class:`tag.cluster.presets.LocalCluster`) carries the per-hop α and β of its measured all-reduce
+(:func:`collective_figures`). Its rings are priced by them instead of by the links
+(:func:`ring_parameters`), and so is the latency of each phase of a parameter server, whose push and pull
+the runtime runs as a gloo reduce and broadcast (:func:`ps_phase_latency`): a gloo collective waits once
+for its last rank and wakes those that waited, which the links' point-to-point latency (a hand-over per
+message) does not describe.
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ __all__ = [
     "ps_time",
     "broadcast_time",
     "hop_bandwidths",
+    "collective_figures",
+    "ps_phase_latency",
 ]
 
 
@@ -157,14 +167,38 @@ def allreduce_time(cluster: Any, devices: Sequence[int], nbytes: float) -> float
 
 def ring_parameters(cluster: Any, devices: Sequence[int]) -> tuple[int, float, float]:
     """(n, β, α) of the ring over ``devices`` in the order given that :func:`allreduce_time` prices:
-    β the slowest hop after NIC sharing, α the largest hop latency (inf, 0 for one device); for pricing
-    many all-reduces over one ring with :func:`ring_allreduce_time`."""
+    β the slowest hop after NIC sharing, α the largest hop latency, or the cluster's measured collective
+    figures where it has them (module docstring; inf, 0 for one device); for pricing many all-reduces
+    over one ring with :func:`ring_allreduce_time`."""
     ring = _devices(cluster, devices, "allreduce_time")
     n = len(ring)
     if n <= 1:
         return n, float("inf"), 0.0
+    measured = collective_figures(cluster)
+    if measured is not None:
+        return n, measured[1], measured[0]
     hops = [(ring[k], ring[(k + 1) % n]) for k in range(n)]
     return n, float(hop_bandwidths(cluster, hops).min()), max(float(cluster.latency[a, b]) for a, b in hops)
+
+
+def collective_figures(cluster: Any) -> tuple[float, float] | None:
+    """(α, β) per ring hop of the collectives measured on ``cluster``'s processes, or None where its links
+    price its collectives (module docstring)."""
+    latency = getattr(cluster, "collective_latency_s", None)  # LocalCluster's; other clusters have none
+    bandwidth = getattr(cluster, "collective_bandwidth", None)
+    if latency is None or bandwidth is None:
+        return None
+    return float(latency), float(bandwidth)
+
+
+def ps_phase_latency(cluster: Any, members: int, link_latency: float) -> float:
+    """Latency of one push or one pull of a parameter server over ``members`` devices (server included):
+    the largest latency of its workers' links ``link_latency``, or on a cluster with measured collectives
+    the latency of one whole collective over them, 2(n−1)·α (module docstring)."""
+    measured = collective_figures(cluster)
+    if measured is None or members <= 1:
+        return link_latency
+    return 2.0 * (members - 1) * measured[0]
 
 
 def ps_time(cluster: Any, devices: Sequence[int], ps_device: int, nbytes: float) -> float:
@@ -183,7 +217,7 @@ def ps_time(cluster: Any, devices: Sequence[int], ps_device: int, nbytes: float)
     if nbytes < 0:
         raise ValueError(f"nbytes must be non-negative, got {nbytes!r}")
     bandwidth = np.array([hop_bandwidths(cluster, [(w, ps)])[0] for w in workers])
-    latency = max(float(cluster.latency[w, ps]) for w in workers)
+    latency = ps_phase_latency(cluster, len(workers) + 1, max(float(cluster.latency[w, ps]) for w in workers))
     return 2.0 * (latency + float(np.sum(nbytes / bandwidth)))
 
 

@@ -11,8 +11,8 @@ untimed rounds:
   includes waking the receiver that waited in ``recv``, which is what a transfer costs a step;
 - all-reduce, as the runtime reduces: one ``all_reduce`` over all ranks, entered by rank 0 while the others
   arrive ``stagger_s`` later (they spin, after a barrier), as ranks reach a collective at different points
-  of a step; rank 0's time less the stagger, so that the wait for the last rank and its wake-up count but
-  the stagger does not.
+  of a step; timed from the last rank's arrival to rank 0's return (one monotonic clock serves every
+  process of a host), so that waking rank 0, which waited, counts and the stagger does not.
 
 The median of ``repeats`` rounds is kept. Each curve gets α + S/β fitted to it: β from the larger half of
 the sizes, α from the smaller half (:func:`_robust_line`). The all-reduce's fit, a + c·S for the whole
@@ -38,6 +38,7 @@ __all__ = ["DEFAULT_MESSAGE_BYTES", "DEFAULT_STAGGER_S", "measure_comm", "comm_b
 DEFAULT_MESSAGE_BYTES = tuple(4 ** k * 1024 for k in range(8))  # 1 KiB .. 16 MiB
 DEFAULT_STAGGER_S = 1e-3  # how much later than rank 0 the other ranks enter a timed all-reduce
 _WARMUP, _REPEATS = 2, 7
+_RESOLUTION_S = 1e-7  # the smallest time a round reports (a file's times are positive)
 
 
 class CommError(TagError):
@@ -97,16 +98,19 @@ class _CommProbe:
                     dist.recv(x, 0)
                     dist.isend(x, 0).wait()
                 sync()
-                return (time.perf_counter() - start) / 2
+                return max((time.perf_counter() - start) / 2, _RESOLUTION_S)
 
             def reduce() -> float:
                 dist.barrier()
                 if rank != 0:
                     _spin(stagger)
-                start = time.perf_counter()
+                arrival = time.perf_counter()  # CLOCK_MONOTONIC: one clock for every process of the host
                 dist.all_reduce(x)
                 sync()
-                return max(0.0, time.perf_counter() - start - stagger)
+                done = time.perf_counter()
+                last = torch.tensor([arrival], dtype=torch.float64)
+                dist.all_reduce(last, op=dist.ReduceOp.MAX)  # untimed: when the last rank arrived
+                return max(done - float(last), _RESOLUTION_S)
 
             p2p.append(_median(ping_pong, self.warmup, self.repeats))
             allreduce.append(_median(reduce, self.warmup, self.repeats))
