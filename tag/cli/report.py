@@ -33,7 +33,7 @@ def _table(title: str, columns: tuple[str, ...], *, left: tuple[str, ...] = (), 
 
     widest = widest or {}
     table = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, collapse_padding=True,
-                  **options)
+                  min_width=min(len(title), WIDTH), **options)  # a title wider than the columns stays on one line
     for column in columns:
         table.add_column(column, justify="left" if column in left else "right", no_wrap=column not in wrap,
                          max_width=widest.get(column), overflow="ellipsis")
@@ -46,7 +46,7 @@ def _pairs(title: str):
     from rich.table import Table
 
     table = Table(title=title, show_header=False, box=box.SIMPLE, pad_edge=False, show_edge=False,
-                  collapse_padding=True)
+                  collapse_padding=True, min_width=min(len(title), WIDTH))
     table.add_column("what")
     table.add_column("value", justify="right")
     return table
@@ -395,12 +395,11 @@ def render_graph_pipeline(payload: dict) -> None:
 # --------------------------------------------------------------------------------------------- compare
 def render_compare(payload: dict) -> None:
     """Every planner's row (its peak memory is in --json); why a planner gave no plan, below the table."""
-    from tag.units import format_time
-
     payload = shown(payload)
     table = _table(f"{payload['model']} (batch {payload['batch_size']}) on {payload['cluster']} "
                    f"({payload['devices']} devices): every planner, one simulator",
-                   ("planner", "iteration", "vs DP-NCCL", "search", "gap", "fits"), left=("planner", "fits"))
+                   ("planner", "iteration", "vs DP-NCCL", "search", "gap", "fits"), left=("planner", "fits"),
+                   widest={"planner": 34})
     notes = []
     for row in payload["planners"]:
         speedup = f"{row['speedup_over_dp_nccl']:.2f}x" if row["speedup_over_dp_nccl"] else "-"
@@ -415,8 +414,8 @@ def render_compare(payload: dict) -> None:
             notes.append((row["planner"], row["note"]))
         else:
             fits = "[red]OOM[/]"
-        table.add_row(row["planner"], format_time(row["iteration_time_s"]), speedup,
-                      format_time(row["search_time_s"]), gap, fits)
+        iteration = _iteration(row["iteration_time_s"]) if math.isfinite(row["iteration_time_s"]) else "-"
+        table.add_row(row["planner"], iteration, speedup, _seconds(row["search_time_s"]), gap, fits)
     out = console()
     out.print(table)
     _notes(out, notes)
