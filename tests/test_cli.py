@@ -256,11 +256,13 @@ REPORTS = {  # the catalogues (models, clusters) wrap their descriptions: tested
     "plan data-parallel": ["plan", *TINY, "--family", "data-parallel"],
     "pipeline": ["pipeline", "vgg19", "--tiny", "--cluster", "tag-testbed", "--stages", "2", "--replicas", "8",
                  "--time-limit", "5"],
+    "compare": pytest.param(["compare", *TINY, "--budget", "3", "--time-limit", "5", "--no-graphpipe"],
+                            marks=pytest.mark.slow),
 }
 
 
-@pytest.mark.parametrize("name", list(REPORTS))
-def test_every_table_fits_80_columns_unwrapped(capsys, monkeypatch, name):
+@pytest.mark.parametrize("argv", list(REPORTS.values()), ids=list(REPORTS))
+def test_every_table_fits_80_columns_unwrapped(capsys, monkeypatch, argv):
     """A table whose widest layout (every cell on one line) is at most 80 columns never wraps a row in an
     80-column terminal; long prose lines may wrap, tables may not."""
     from rich.console import Console
@@ -278,7 +280,7 @@ def test_every_table_fits_80_columns_unwrapped(capsys, monkeypatch, name):
         return out
 
     monkeypatch.setattr(report, "console", recording)
-    code, out, err = run(capsys, *REPORTS[name])
+    code, out, err = run(capsys, *argv)
     assert code == 0, err
     assert tables
     wide = Console(width=400)

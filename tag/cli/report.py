@@ -472,7 +472,7 @@ def render_profile(payload: dict) -> None:
         out.print(f"tag run's executor adds {format_time(payload['executor_overhead_s'])} per op")
     table = _table("Roofline against measured, per op kind (at the traced batch)",
                    ("op kind", "ops", "measured", "roofline", "Spearman", "median ratio"),
-                   left=("op kind",), wrap=("op kind",))
+                   left=("op kind",), widest={"op kind": 28})
     for row in payload["roofline"]["by_kind"]:
         rho = "-" if row["spearman"] != row["spearman"] else f"{row['spearman']:.2f}"
         table.add_row(row["kind"], str(row["ops"]), format_time(row["measured_s"]), format_time(row["roofline_s"]),
