@@ -128,6 +128,9 @@ def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_id
             read_task, tensor_first, index, counts)
 
 
+# Longer than ~80 lines for a reason: the hot loop of a cold evaluation (every new pair's transfers and collectives
+# with their waits). Split into steps (sizes, transfers, collectives; even inlined) it ran 10-20% slower, its
+# output columns no longer known apart from its inputs; tests/test_compiler.py holds it to compile_strategy.
 @jit
 def _pair_fragments(pairs, bundles, list_rows, skeletons, blocks, costs):
     """The own tasks of M pair fragments, with their dependencies, tensors and reads, one fragment after
@@ -150,38 +153,23 @@ def _pair_fragments(pairs, bundles, list_rows, skeletons, blocks, costs):
     tensor_bytes, tensor_producer, read_tensor, read_task, counts [M, 6]: tasks, resources, dependencies,
     tensors, reads and transfers of each fragment).
     """
-    m_pairs = pairs[0].size
-    transfers, collectives, deps, resources = _pair_sizes(pairs, bundles, list_rows, skeletons, blocks)
-    out = (np.empty(transfers + collectives), np.empty(transfers + collectives, dtype=np.int8),
-           np.empty(transfers + collectives, dtype=np.int64), np.empty(resources, dtype=np.int64),
-           np.empty(deps, dtype=np.int64), np.empty(deps, dtype=np.int64), np.empty(deps, dtype=np.int64),
-           np.empty(deps, dtype=np.int64), np.empty(transfers, dtype=np.int64), np.empty(transfers),
-           np.empty(transfers, dtype=np.int64))
-    counts = np.zeros((m_pairs, 6), dtype=np.int64)
-    at = np.zeros(5, dtype=np.int64)  # rows written so far (all fragments): tasks, tensors, resources, deps, reads
+    (fragment_p, fragment_c, c_shift, first_task, first_tensor, consumer_group, first_bundle, bundle_end,
+     list_first) = pairs
+    (bundle_unit, bundle_kind, bundle_category, consumer_first, consumer_end, category_bytes, category_count,
+     bundle_consumer, category_use_first, category_use_end, category_use) = bundles
+    (sk_first_transfer, sk_transfers, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts, part_category, part_fraction,
+     sk_local, sk_coll_first, sk_colls, coll_category, coll_ps, sk_holder_first, sk_holders, holder_device,
+     server_latency, server_inverse, sk_held_first, sk_helds, held_res, sk_ring_bandwidth, sk_ring_latency) = skeletons
+    block_replicas, block_mp, block_row, block_index, block_device0, block_unit0, block_device, block_tensor_first \
+        = blocks
+    alpha, beta, nic_out, nic_in, use_sync_index, use_bytes, link_base, num_devices = costs
+    m_pairs = fragment_p.size
+    # sizes first (bounds for dependencies, reads and resources), so that every column is allocated once
+    transfers = 0
+    collectives = 0
+    deps = 0
+    resources = 0
     for m in range(m_pairs):
-        before = at.copy()
-        _pair_transfers(m, pairs, bundles, list_rows, skeletons, blocks, costs, out, at)
-        counts[m, 5] = at[0] - before[0]
-        _pair_collectives(m, pairs, bundles, list_rows, skeletons, blocks, costs, out, at, before[0])
-        counts[m, 0], counts[m, 1], counts[m, 2] = at[0] - before[0], at[2] - before[2], at[3] - before[3]
-        counts[m, 3], counts[m, 4] = counts[m, 5], at[4] - before[4]
-    duration, kind, nres, res, dep_task, dep_on, read_tensor, read_task, tensor_device, tensor_bytes, producer = out
-    h, e, q = at[2], at[3], at[4]
-    return (duration, kind, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device,
-            tensor_bytes, producer, read_tensor[:q].copy(), read_task[:q].copy(), counts)
-
-
-@jit
-def _pair_sizes(pairs, bundles, list_rows, skeletons, blocks):
-    """(transfers, collectives, bounds on dependencies and resources) of the pairs of :func:`_pair_fragments`,
-    so that every column is allocated once (reads are bounded by dependencies)."""
-    fragment_c, first_bundle, bundle_end, list_first = pairs[1], pairs[6], pairs[7], pairs[8]
-    bundle_kind, consumer_first, consumer_end = bundles[1], bundles[3], bundles[4]
-    sk_transfers, sk_colls, sk_holders, sk_helds = skeletons[1], skeletons[11], skeletons[15], skeletons[20]
-    block_replicas = blocks[0]
-    transfers = collectives = deps = resources = 0
-    for m in range(fragment_c.size):
         r_c = block_replicas[fragment_c[m]]
         for b in range(first_bundle[m], bundle_end[m]):
             sk = list_rows[list_first[m] + bundle_kind[b]]
@@ -197,175 +185,167 @@ def _pair_sizes(pairs, bundles, list_rows, skeletons, blocks):
             collectives += c
             deps += c * (sk_holders[sk] + consumers * r_c)
             resources += c * sk_helds[sk]
-    return transfers, collectives, deps, resources
-
-
-# Longer than ~80 lines for a reason: the hot loop of a cold evaluation (every new pair's transfers and their
-# waits), kept whole so that its two dozen arrays and five counters stay locals rather than arguments per bundle.
-@jit
-def _pair_transfers(m, pairs, bundles, list_rows, skeletons, blocks, costs, out, at):
-    """Pair m's transfers (:func:`_pair_fragments`), bundle by bundle: each lasts k·α + S/β for k tensors of S
-    bytes, holds its NICs and its link, waits for (and reads) the producer's copy on its source and, an AddN
-    forward, the stage-1 transfers into its source; each consumer replica waits for its local copy and the
-    transfers into its device. Writes ``out`` from ``at`` on and moves ``at``."""
-    fragment_p, fragment_c, c_shift, first_task, first_tensor = pairs[0], pairs[1], pairs[2], pairs[3], pairs[4]
-    first_bundle, bundle_end, list_first = pairs[6], pairs[7], pairs[8]
-    (bundle_unit, bundle_kind, bundle_category, consumer_first, consumer_end, category_bytes, category_count,
-     bundle_consumer) = bundles[:8]
-    sk_first_transfer, tr_src, tr_dst, tr_stage, tr_first_part, tr_parts = (
-        skeletons[0], skeletons[2], skeletons[3], skeletons[4], skeletons[5], skeletons[6])
-    part_category, part_fraction, sk_local = skeletons[7], skeletons[8], skeletons[9]
-    sk_transfers = skeletons[1]
-    block_replicas, block_mp, block_row, block_index, block_device0, block_unit0, block_device, block_tensor_first \
-        = blocks
-    alpha, beta, nic_out, nic_in, _, _, link_base, num_devices = costs
-    duration, kind, nres, res, dep_task, dep_on, read_tensor, read_task, tensor_device, tensor_bytes, producer = out
-    t, n_tensors, h, e, q = at[0], at[1], at[2], at[3], at[4]
-    fp, fc = fragment_p[m], fragment_c[m]
-    r_c, p_r = block_replicas[fc], block_replicas[fp]
-    index = block_index[block_row[fp]]
-    p_mp, c_mp = block_mp[fp], block_mp[fc]
-    p_devices, c_devices = block_device[block_device0[fp]:], block_device[block_device0[fc]:]
-    p_first_tensor = block_tensor_first[block_unit0[fp]:]
-    own_task, own_tensor = first_task[m] - t, first_tensor[m] - t  # + t: task t's id, its tensor's
-    for b in range(first_bundle[m], bundle_end[m]):
-        sk = list_rows[list_first[m] + bundle_kind[b]]
-        first, n = sk_first_transfer[sk], sk_transfers[sk]
-        unit = bundle_unit[b]
-        p_base = unit * p_r if unit >= 0 else -1
-        p_first = p_first_tensor[unit] if unit >= 0 else -1
-        c0 = bundle_category[b]
-        t0 = t
-        for i in range(first, first + n):
-            src, dst = tr_src[i], tr_dst[i]
-            k = tr_first_part[i]
-            nbytes = category_bytes[c0 + part_category[k]] * part_fraction[k]
-            for k in range(tr_first_part[i] + 1, tr_first_part[i] + tr_parts[i]):
-                nbytes += category_bytes[c0 + part_category[k]] * part_fraction[k]
-            count = 0  # a message per tensor of each category counted (the parts')
-            for k in range(tr_first_part[i], tr_first_part[i] + tr_parts[i]):
-                count += category_count[c0 + part_category[k]]
-            duration[t] = count * alpha[src, dst] + nbytes / beta[src, dst] if nbytes > 0 else 0.0
-            kind[t] = TASK_TRANSFER
-            nres[t] = 1
-            if nic_out[src, dst] >= 0:
-                res[h] = nic_out[src, dst]
-                h += 1
-                nres[t] += 1
-            if nic_in[src, dst] >= 0:
-                res[h] = nic_in[src, dst]
-                h += 1
-                nres[t] += 1
-            res[h] = link_base + src * num_devices + dst
-            h += 1
-            task = own_task + t
-            replica = _replica(unit, src, p_r, index, p_devices, p_mp)
-            if replica >= 0:  # it sends the producer's copy on its source
-                dep_task[e], dep_on[e] = task, p_base + replica
-                e += 1
-                if p_first >= 0:
-                    read_tensor[q], read_task[q] = p_first + replica, task
-                    q += 1
-            if tr_stage[i] == 2:  # an AddN root forwards what reached it in stage 1
-                for j in range(first, first + n):
-                    if tr_stage[j] == 1 and tr_dst[j] == src:
-                        dep_task[e], dep_on[e] = task, own_task + t0 + j - first
-                        e += 1
-                        read_tensor[q], read_task[q] = own_tensor + t0 + j - first, task
-                        q += 1
-            tensor_device[n_tensors], tensor_bytes[n_tensors], producer[n_tensors] = dst, nbytes, task
-            n_tensors += 1
-            t += 1
-        for c in range(consumer_first[b], consumer_end[b]):
-            c_first = bundle_consumer[c] * r_c
-            for r in range(r_c):
-                device = c_devices[bundle_consumer[c]] if c_mp else c_devices[r]
-                task = c_shift[m] + c_first + r
-                replica = _replica(unit, device, p_r, index, p_devices, p_mp)
-                if sk_local[sk * num_devices + device] and replica >= 0 and p_base + replica != task:
-                    dep_task[e], dep_on[e] = task, p_base + replica
-                    e += 1
-                    if p_first >= 0:
-                        read_tensor[q], read_task[q] = p_first + replica, task
-                        q += 1
-                for j in range(first, first + n):
-                    if tr_dst[j] == device:
-                        dep_task[e], dep_on[e] = task, own_task + t0 + j - first
-                        e += 1
-                        read_tensor[q], read_task[q] = own_tensor + t0 + j - first, task
-                        q += 1
-    at[0], at[1], at[2], at[3], at[4] = t, n_tensors, h, e, q
-
-
-@jit
-def _pair_collectives(m, pairs, bundles, list_rows, skeletons, blocks, costs, out, at, t_pair):
-    """Pair m's collectives (:func:`_pair_fragments`; ``t_pair``: its first own task among all), bundle by
-    bundle, category by category: each lasts :func:`~tag.compiler.compile.ring_allreduce_seconds` over its
-    skeleton's ring, or :func:`~tag.compiler.compile.ps_seconds` over its parameter servers (each use's chosen
-    round robin from the consumer group by its ``use_sync_index``), holds its skeleton's resources, waits for
-    (and reads) the producer unit's replica on each holder, and every replica of every consumer unit waits for
-    it. Writes ``out`` from ``at`` on and moves ``at``."""
-    fragment_p, c_shift, first_task, consumer_group = pairs[0], pairs[2], pairs[3], pairs[5]
-    first_bundle, bundle_end, list_first = pairs[6], pairs[7], pairs[8]
-    (bundle_unit, bundle_kind, bundle_category, consumer_first, consumer_end, category_bytes, category_count,
-     bundle_consumer, category_use_first, category_use_end, category_use) = bundles
-    (sk_coll_first, sk_colls, coll_category, coll_ps, sk_holder_first, sk_holders, holder_device, server_latency,
-     server_inverse, sk_held_first, sk_helds, held_res, sk_ring_bandwidth, sk_ring_latency) = skeletons[10:]
-    block_replicas, block_mp, block_row, block_index, block_device0, block_unit0, block_device, block_tensor_first \
-        = blocks
-    use_sync_index, use_bytes = costs[4], costs[5]
-    duration, kind, nres, res, dep_task, dep_on, read_tensor, read_task = out[:8]
-    t, h, e, q = at[0], at[2], at[3], at[4]
-    fp = fragment_p[m]
-    p_r, r_c = block_replicas[fp], block_replicas[pairs[1][m]]
-    index = block_index[block_row[fp]]
-    p_mp = block_mp[fp]
-    p_devices = block_device[block_device0[fp]:]
-    p_first_tensor = block_tensor_first[block_unit0[fp]:]
-    own_task = first_task[m] - t_pair  # + t: task t's id
-    for b in range(first_bundle[m], bundle_end[m]):
-        sk = list_rows[list_first[m] + bundle_kind[b]]
-        holders = sk_holders[sk]
-        h0 = sk_holder_first[sk]
-        for j in range(sk_coll_first[sk], sk_coll_first[sk] + sk_colls[sk]):
-            category = bundle_category[b] + coll_category[j]
-            task = own_task + t
-            if coll_ps[j]:  # ps_seconds: each use's push and pull at its server
-                seconds = 0.0
-                for u in range(category_use_first[category], category_use_end[category]):
-                    use = category_use[u]
-                    server = h0 + (consumer_group[m] + use_sync_index[use]) % holders
-                    size = use_bytes[use]
-                    if size > 0:
-                        seconds += 2.0 * (server_latency[server] + size * server_inverse[server])
-                duration[t] = seconds
-            else:  # ring_allreduce_seconds
-                nbytes = category_bytes[category]
-                duration[t] = (2.0 * (holders - 1) / holders * nbytes / sk_ring_bandwidth[sk]
-                               + category_count[category] * 2.0 * (holders - 1) * sk_ring_latency[sk]
-                               if nbytes > 0 else 0.0)
-            kind[t] = TASK_COLLECTIVE
-            nres[t] = sk_helds[sk]
-            for k in range(sk_held_first[sk], sk_held_first[sk] + sk_helds[sk]):
-                res[h] = held_res[k]
-                h += 1
+    tasks = transfers + collectives
+    duration = np.empty(tasks)
+    kind = np.empty(tasks, dtype=np.int8)
+    nres = np.empty(tasks, dtype=np.int64)
+    res = np.empty(resources, dtype=np.int64)
+    dep_task = np.empty(deps, dtype=np.int64)
+    dep_on = np.empty(deps, dtype=np.int64)
+    read_tensor = np.empty(deps, dtype=np.int64)
+    read_task = np.empty(deps, dtype=np.int64)
+    tensor_device = np.empty(transfers, dtype=np.int64)
+    tensor_bytes = np.empty(transfers)
+    tensor_producer = np.empty(transfers, dtype=np.int64)
+    counts = np.zeros((m_pairs, 6), dtype=np.int64)
+    t = 0  # tasks so far (all fragments)
+    n_tensors = 0
+    h = 0  # resources
+    e = 0  # dependencies
+    q = 0  # reads
+    for m in range(m_pairs):
+        t_pair, h_pair, e_pair, q_pair = t, h, e, q
+        fp, fc = fragment_p[m], fragment_c[m]
+        r_c = block_replicas[fc]
+        p_r = block_replicas[fp]
+        index = block_index[block_row[fp]]
+        p_mp, c_mp = block_mp[fp], block_mp[fc]
+        p_devices = block_device[block_device0[fp]:]
+        c_devices = block_device[block_device0[fc]:]
+        p_first_tensor = block_tensor_first[block_unit0[fp]:]
+        own_task, own_tensor = first_task[m] - t_pair, first_tensor[m] - t_pair  # + t: task t's id, tensor's
+        for b in range(first_bundle[m], bundle_end[m]):
+            sk = list_rows[list_first[m] + bundle_kind[b]]
+            first = sk_first_transfer[sk]
+            n = sk_transfers[sk]
             unit = bundle_unit[b]
-            if unit >= 0:
-                p_first = p_first_tensor[unit]
-                for k in range(h0, h0 + holders):
-                    replica = _replica(unit, holder_device[k], p_r, index, p_devices, p_mp)
-                    dep_task[e], dep_on[e] = task, unit * p_r + replica
+            p_base = unit * p_r if unit >= 0 else -1
+            p_first = p_first_tensor[unit] if unit >= 0 else -1
+            c0 = bundle_category[b]
+            t0 = t
+            for i in range(first, first + n):
+                src, dst = tr_src[i], tr_dst[i]
+                k = tr_first_part[i]
+                nbytes = category_bytes[c0 + part_category[k]] * part_fraction[k]
+                for k in range(tr_first_part[i] + 1, tr_first_part[i] + tr_parts[i]):
+                    nbytes += category_bytes[c0 + part_category[k]] * part_fraction[k]
+                count = 0  # a message per tensor of each category counted (the parts')
+                for k in range(tr_first_part[i], tr_first_part[i] + tr_parts[i]):
+                    count += category_count[c0 + part_category[k]]
+                duration[t] = count * alpha[src, dst] + nbytes / beta[src, dst] if nbytes > 0 else 0.0
+                kind[t] = TASK_TRANSFER
+                nres[t] = 1
+                if nic_out[src, dst] >= 0:
+                    res[h] = nic_out[src, dst]
+                    h += 1
+                    nres[t] += 1
+                if nic_in[src, dst] >= 0:
+                    res[h] = nic_in[src, dst]
+                    h += 1
+                    nres[t] += 1
+                res[h] = link_base + src * num_devices + dst
+                h += 1
+                task = own_task + t
+                replica = _replica(unit, src, p_r, index, p_devices, p_mp)
+                if replica >= 0:  # it sends the producer's copy on its source
+                    dep_task[e] = task
+                    dep_on[e] = p_base + replica
                     e += 1
                     if p_first >= 0:
-                        read_tensor[q], read_task[q] = p_first + replica, task
+                        read_tensor[q] = p_first + replica
+                        read_task[q] = task
                         q += 1
+                if tr_stage[i] == 2:  # an AddN root forwards what reached it in stage 1
+                    for j in range(first, first + n):
+                        if tr_stage[j] == 1 and tr_dst[j] == src:
+                            dep_task[e] = task
+                            dep_on[e] = own_task + t0 + j - first
+                            e += 1
+                            read_tensor[q] = own_tensor + t0 + j - first
+                            read_task[q] = task
+                            q += 1
+                tensor_device[n_tensors] = dst
+                tensor_bytes[n_tensors] = nbytes
+                tensor_producer[n_tensors] = task
+                n_tensors += 1
+                t += 1
             for c in range(consumer_first[b], consumer_end[b]):
-                c_first = c_shift[m] + bundle_consumer[c] * r_c
+                c_first = bundle_consumer[c] * r_c
                 for r in range(r_c):
-                    dep_task[e], dep_on[e] = c_first + r, task
-                    e += 1
-            t += 1
-    at[0], at[2], at[3], at[4] = t, h, e, q
+                    device = c_devices[bundle_consumer[c]] if c_mp else c_devices[r]
+                    task = c_shift[m] + c_first + r
+                    replica = _replica(unit, device, p_r, index, p_devices, p_mp)
+                    if sk_local[sk * num_devices + device] and replica >= 0 and p_base + replica != task:
+                        dep_task[e] = task
+                        dep_on[e] = p_base + replica
+                        e += 1
+                        if p_first >= 0:
+                            read_tensor[q] = p_first + replica
+                            read_task[q] = task
+                            q += 1
+                    for j in range(first, first + n):
+                        if tr_dst[j] == device:
+                            dep_task[e] = task
+                            dep_on[e] = own_task + t0 + j - first
+                            e += 1
+                            read_tensor[q] = own_tensor + t0 + j - first
+                            read_task[q] = task
+                            q += 1
+        counts[m, 5] = t - t_pair
+        # the collectives: each waits for the producer unit's replica on each of its devices and reads its
+        # output there; every replica of every consumer unit waits for it
+        for b in range(first_bundle[m], bundle_end[m]):
+            sk = list_rows[list_first[m] + bundle_kind[b]]
+            holders = sk_holders[sk]
+            h0 = sk_holder_first[sk]
+            for j in range(sk_coll_first[sk], sk_coll_first[sk] + sk_colls[sk]):
+                category = bundle_category[b] + coll_category[j]
+                task = own_task + t
+                if coll_ps[j]:  # ps_seconds: each use's push and pull at its server
+                    seconds = 0.0
+                    for u in range(category_use_first[category], category_use_end[category]):
+                        use = category_use[u]
+                        server = h0 + (consumer_group[m] + use_sync_index[use]) % holders
+                        size = use_bytes[use]
+                        if size > 0:
+                            seconds += 2.0 * (server_latency[server] + size * server_inverse[server])
+                    duration[t] = seconds
+                else:  # ring_allreduce_seconds
+                    nbytes = category_bytes[category]
+                    duration[t] = (2.0 * (holders - 1) / holders * nbytes / sk_ring_bandwidth[sk]
+                                   + category_count[category] * 2.0 * (holders - 1) * sk_ring_latency[sk]
+                                   if nbytes > 0 else 0.0)
+                kind[t] = TASK_COLLECTIVE
+                nres[t] = sk_helds[sk]
+                for k in range(sk_held_first[sk], sk_held_first[sk] + sk_helds[sk]):
+                    res[h] = held_res[k]
+                    h += 1
+                unit = bundle_unit[b]
+                if unit >= 0:
+                    p_first = p_first_tensor[unit]
+                    for k in range(h0, h0 + holders):
+                        replica = _replica(unit, holder_device[k], p_r, index, p_devices, p_mp)
+                        dep_task[e] = task
+                        dep_on[e] = unit * p_r + replica
+                        e += 1
+                        if p_first >= 0:
+                            read_tensor[q] = p_first + replica
+                            read_task[q] = task
+                            q += 1
+                for c in range(consumer_first[b], consumer_end[b]):
+                    c_first = c_shift[m] + bundle_consumer[c] * r_c
+                    for r in range(r_c):
+                        dep_task[e] = c_first + r
+                        dep_on[e] = task
+                        e += 1
+                t += 1
+        counts[m, 0] = t - t_pair
+        counts[m, 1] = h - h_pair
+        counts[m, 2] = e - e_pair
+        counts[m, 3] = counts[m, 5]
+        counts[m, 4] = q - q_pair
+    return (duration, kind, nres, res[:h].copy(), dep_task[:e].copy(), dep_on[:e].copy(), tensor_device,
+            tensor_bytes, tensor_producer, read_tensor[:q].copy(), read_task[:q].copy(), counts)
 
 
 @jit

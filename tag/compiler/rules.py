@@ -26,6 +26,7 @@ from typing import NamedTuple
 import numpy as np
 
 from tag._compiled import jit
+from tag.compiler._inline import inline_jit
 from tag.strategy import PS
 from tag.compiler.layout import GroupLayout
 from tag.compiler.tables import DEMAND_SUM, ROWS, SUMS, Bundle
@@ -150,10 +151,12 @@ def make_skeletons(inputs, beta, num_devices, transfer0, part0, coll0):
         bound += size
         largest = max(largest, size)
     # what one skeleton makes, in order: its transfers (entries: src, dst, stage, parts, where its parts go)
-    # and its contributions (made: transfer, category, fraction, lo, hi); slot: (stage, src, dst) -> entry
+    # and its contributions (made: transfer, category, fraction, lo, hi); slot: (stage, src, dst) -> entry; then
+    # the parts of each entry and where they go (_write_transfers)
     work = (np.full((2, d, d), -1, dtype=np.int64), np.empty(largest, dtype=np.int64),
             np.empty(largest, dtype=np.int64), np.empty(largest, dtype=np.int64), np.empty(largest, dtype=np.int64),
-            np.empty(largest, dtype=np.int64), np.empty(largest), np.empty(largest), np.empty(largest))
+            np.empty(largest, dtype=np.int64), np.empty(largest), np.empty(largest), np.empty(largest),
+            np.empty(largest, dtype=np.int64), np.empty(largest, dtype=np.int64))
     count = np.zeros(2, dtype=np.int64)  # entries and contributions of the skeleton so far
     out = (np.zeros(num, dtype=np.int64), np.empty(bound, dtype=np.int64), np.empty(bound, dtype=np.int64),
            np.empty(bound, dtype=np.int64), np.empty(bound, dtype=np.int64), np.empty(bound, dtype=np.int64),
@@ -176,13 +179,13 @@ def make_skeletons(inputs, beta, num_devices, transfer0, part0, coll0):
         same_devices = _same_devices(hold_device, h0, h1, c_device, c0, c1)  # the consumer's are the holders
         same_rows = p_split[s] and c_split[s] and same_devices and _same_starts(hold_lo, h0, c_lo, c0, c1)
         count[:] = 0
+        row = local[s * d:(s + 1) * d]
+        targets_s = target_device[t0:t1]
+        holders_s = (hold_device[h0:h1], hold_lo[h0:h1], hold_hi[h0:h1])
         for kk in range(cat_ptr[s], cat_ptr[s + 1]):
             entries, contributions = count[0], count[1]
             k = kk - cat_ptr[s]
             pclass, demand = cat_class[kk], cat_demand[kk]
-            row = local[s * d:(s + 1) * d]
-            targets_s = target_device[t0:t1]
-            holders_s = (hold_device[h0:h1], hold_lo[h0:h1], hold_hi[h0:h1])
             if pclass == ROWS:
                 if same_rows and demand <= 1:
                     _set(row, targets_s)
@@ -198,10 +201,10 @@ def make_skeletons(inputs, beta, num_devices, transfer0, part0, coll0):
                     collective_ps[n_coll] = c_ps[s]
                     n_coll += 1
                 else:
-                    _sums_rule(k, hold_device[h0:h1], held, targets_s, c_device[c0],
+                    _sums_rule(k, holders_s[0], held, targets_s, c_device[c0],
                                demand == DEMAND_SUM and c_split[s], row, work, count)
             else:
-                _whole_rule(k, hold_device[h0:h1], held, targets_s, beta, row, work, count)
+                _whole_rule(k, holders_s[0], held, targets_s, beta, row, work, count)
             cat_flags[kk] = (MOVED if count[1] > contributions else 0) | (OPENED if count[0] > entries else 0)
         collective_ptr[s + 1] = n_coll
         out[0][s] = count[0]
@@ -219,7 +222,7 @@ def make_skeletons(inputs, beta, num_devices, transfer0, part0, coll0):
             collective_category[:n_coll].copy(), collective_ps[:n_coll].copy(), cat_flags)
 
 
-@jit
+@inline_jit
 def _rows_rule(k, holders, p_split, held, targets, whole_rows, c_index, c_lo, c_hi, beta, local, work, count):
     """Batch rows → batch rows: each consumer device needs its own rows (or every row, ``whole_rows``); from a
     split producer, **Split / Concat**: one contribution per overlapping holder on another device, the overlap's
@@ -249,7 +252,7 @@ def _rows_rule(k, holders, p_split, held, targets, whole_rows, c_index, c_lo, c_
             _contribute(work, count, source, e, 1, k, need_hi - need_lo, need_lo, need_hi)
 
 
-@jit
+@inline_jit
 def _sums_rule(k, hold_device, held, targets, c_first, to_split_consumer, local, work, count):
     """Partial sums → elsewhere, **AddN**: every partial to one root, whose own partial stays; the root is the
     consumer's first device for a partial-sum reader of a split consumer (which then reads the sum there),
@@ -274,7 +277,7 @@ def _sums_rule(k, hold_device, held, targets, c_first, to_split_consumer, local,
                 _contribute(work, count, root, e, 2, k, 1.0, 0.0, 1.0)
 
 
-@jit
+@inline_jit
 def _whole_rule(k, hold_device, held, targets, beta, local, work, count):
     """A whole tensor on every holder → each consumer device without a copy gets one from the best holder
     (**Transfer**)."""
@@ -286,12 +289,12 @@ def _whole_rule(k, hold_device, held, targets, beta, local, work, count):
             _contribute(work, count, _source(hold_device, e, position, beta), e, 1, k, 1.0, 0.0, 1.0)
 
 
-@jit
+@inline_jit
 def _contribute(work, count, s, e, stage, k, fraction, lo, hi):
     """Category ``k`` sends ``fraction`` of its bytes (rows [lo, hi); one message per tensor) from ``s`` to ``e``
     at ``stage``: a contribution to that transfer, opened if new (``work``: the skeleton's entries and
     contributions, ``count`` [2] how many of each)."""
-    slot, entry_src, entry_dst, entry_stage, made, made_category, made_fraction, made_lo, made_hi = work
+    slot, entry_src, entry_dst, entry_stage, made, made_category, made_fraction, made_lo, made_hi = work[:9]
     entry = slot[stage - 1, s, e]
     if entry < 0:
         entry = slot[stage - 1, s, e] = count[0]
@@ -302,17 +305,17 @@ def _contribute(work, count, s, e, stage, k, fraction, lo, hi):
     count[1] += 1
 
 
-@jit
+@inline_jit
 def _write_transfers(work, count, out, written):
     """Write one skeleton's transfers (in order of first contribution, stage 1 then stage 2) and their parts
     into ``out`` from ``written`` [2] (transfers, parts) on, and reset ``work``'s slots."""
-    slot, entry_src, entry_dst, entry_stage, made, made_category, made_fraction, made_lo, made_hi = work
+    slot, entry_src, entry_dst, entry_stage, made, made_category, made_fraction, made_lo, made_hi, entry_parts, \
+        entry_at = work
     _, src, dst, stage, parts, part_category, part_fraction, part_lo, part_hi = out
     entries, n_made = count[0], count[1]
-    entry_parts = np.zeros(entries, dtype=np.int64)
-    entry_at = np.empty(entries, dtype=np.int64)
     for i in range(entries):
         slot[entry_stage[i] - 1, entry_src[i], entry_dst[i]] = -1
+        entry_parts[i] = 0
     for i in range(n_made):
         entry_parts[made[i]] += 1
     n_out, at = written[0], written[1]
@@ -331,7 +334,7 @@ def _write_transfers(work, count, out, written):
     written[0], written[1] = n_out, at
 
 
-@jit
+@inline_jit
 def _set(flags, indices):
     """flags[i] = True for each i of ``indices``."""
     for i in indices:
@@ -347,7 +350,7 @@ def _ptr(counts):
     return ptr
 
 
-@jit
+@inline_jit
 def _source(hold_device, e, position, beta):
     """The holder sending a whole copy to ``e``: best bandwidth, ties (within 1e-9) rotating over the consumer
     devices by ``e``'s ``position`` among them."""
@@ -370,7 +373,7 @@ def _source(hold_device, e, position, beta):
     return -1
 
 
-@jit
+@inline_jit
 def _same_devices(hold_device, h0, h1, c_device, c0, c1):
     """Whether the consumer layout's devices are the holders, in order."""
     if c1 - c0 != h1 - h0:
@@ -381,7 +384,7 @@ def _same_devices(hold_device, h0, h1, c_device, c0, c1):
     return True
 
 
-@jit
+@inline_jit
 def _same_starts(hold_lo, h0, c_lo, c0, c1):
     """Whether the consumer layout's rows start where the holders' do (same devices: same rows)."""
     for j in range(c1 - c0):
@@ -390,7 +393,7 @@ def _same_starts(hold_lo, h0, c_lo, c0, c1):
     return True
 
 
-@jit
+@inline_jit
 def _same_set(held, targets, num_holders):
     """Whether the consumer devices ``targets`` (distinct) are the ``num_holders`` holders (``held``)."""
     if targets.size != num_holders:
