@@ -179,32 +179,29 @@ def make_skeletons(inputs, beta, num_devices, transfer0, part0, coll0):
         same_devices = _same_devices(hold_device, h0, h1, c_device, c0, c1)  # the consumer's are the holders
         same_rows = p_split[s] and c_split[s] and same_devices and _same_starts(hold_lo, h0, c_lo, c0, c1)
         count[:] = 0
-        row = local[s * d:(s + 1) * d]
-        targets_s = target_device[t0:t1]
-        holders_s = (hold_device[h0:h1], hold_lo[h0:h1], hold_hi[h0:h1])
+        bounds = (h0, h1, t0, t1, s * d)  # this skeleton's holders and targets, and its row of local
         for kk in range(cat_ptr[s], cat_ptr[s + 1]):
             entries, contributions = count[0], count[1]
             k = kk - cat_ptr[s]
             pclass, demand = cat_class[kk], cat_demand[kk]
             if pclass == ROWS:
                 if same_rows and demand <= 1:
-                    _set(row, targets_s)
+                    _set_targets(local, inputs, bounds)
                 else:
-                    whole_rows = not (c_split[s] and demand <= 1)
-                    _rows_rule(k, holders_s, p_split[s], held, targets_s, whole_rows, c_index, c_lo, c_hi, beta,
-                               row, work, count)
+                    _rows_rule(k, inputs, bounds, p_split[s], not (c_split[s] and demand <= 1), held, c_index, beta,
+                               local, work, count)
             elif pclass == SUMS and p_split[s]:
                 if demand == DEMAND_SUM and c_split[s] and same_devices:
-                    _set(row, targets_s)
-                elif not (demand == DEMAND_SUM and c_split[s]) and _same_set(held, targets_s, h1 - h0):
+                    _set_targets(local, inputs, bounds)
+                elif not (demand == DEMAND_SUM and c_split[s]) and _same_set(held, inputs, bounds):
                     collective_category[n_coll] = k  # the consumer's devices are the holders: sync in place
                     collective_ps[n_coll] = c_ps[s]
                     n_coll += 1
                 else:
-                    _sums_rule(k, holders_s[0], held, targets_s, c_device[c0],
-                               demand == DEMAND_SUM and c_split[s], row, work, count)
+                    _sums_rule(k, inputs, bounds, held, c_device[c0], demand == DEMAND_SUM and c_split[s], local, work,
+                               count)
             else:
-                _whole_rule(k, holders_s[0], held, targets_s, beta, row, work, count)
+                _whole_rule(k, inputs, bounds, held, beta, local, work, count)
             cat_flags[kk] = (MOVED if count[1] > contributions else 0) | (OPENED if count[0] > entries else 0)
         collective_ptr[s + 1] = n_coll
         out[0][s] = count[0]
@@ -223,70 +220,77 @@ def make_skeletons(inputs, beta, num_devices, transfer0, part0, coll0):
 
 
 @inline_jit
-def _rows_rule(k, holders, p_split, held, targets, whole_rows, c_index, c_lo, c_hi, beta, local, work, count):
+def _rows_rule(k, inputs, bounds, p_split, whole_rows, held, c_index, beta, local, work, count):
     """Batch rows → batch rows: each consumer device needs its own rows (or every row, ``whole_rows``); from a
     split producer, **Split / Concat**: one contribution per overlapping holder on another device, the overlap's
     fraction (an overlap of EMPTY or less moves nothing); from a whole copy, the best holder sends them
-    (**Transfer**) unless the device holds one."""
-    hold_device, hold_lo, hold_hi = holders
-    for position in range(targets.size):
-        e = targets[position]
+    (**Transfer**) unless the device holds one. ``bounds``: the skeleton's (first holder, end, first target,
+    end, first of its row of ``local``) in the columns of ``inputs``."""
+    hold_device, hold_lo, hold_hi, target_device, c_lo, c_hi = (inputs[3], inputs[4], inputs[5], inputs[8],
+                                                                inputs[12], inputs[13])
+    h0, h1, t0, t1, row = bounds
+    for ti in range(t0, t1):
+        e = target_device[ti]
         need_lo, need_hi = (0.0, 1.0) if whole_rows else (c_lo[c_index[e]], c_hi[c_index[e]])
         if p_split:
             # the holders' rows are in order: from the first ending after need_lo, until one starts at need_hi
-            j = 0
-            while j < hold_device.size and hold_hi[j] <= need_lo:
+            j = h0
+            while j < h1 and hold_hi[j] <= need_lo:
                 j += 1
-            while j < hold_device.size and hold_lo[j] < need_hi:
+            while j < h1 and hold_lo[j] < need_hi:
                 lo, hi = max(hold_lo[j], need_lo), min(hold_hi[j], need_hi)
                 if hi - lo > EMPTY:
                     if hold_device[j] == e:
-                        local[e] = True
+                        local[row + e] = True
                     else:
                         _contribute(work, count, hold_device[j], e, 1, k, hi - lo, lo, hi)
                 j += 1
         elif held[e]:
-            local[e] = True
+            local[row + e] = True
         else:
-            source = _source(hold_device, e, position, beta)
+            source = _source(hold_device, h0, h1, e, ti - t0, beta)
             _contribute(work, count, source, e, 1, k, need_hi - need_lo, need_lo, need_hi)
 
 
 @inline_jit
-def _sums_rule(k, hold_device, held, targets, c_first, to_split_consumer, local, work, count):
+def _sums_rule(k, inputs, bounds, held, c_first, to_split_consumer, local, work, count):
     """Partial sums → elsewhere, **AddN**: every partial to one root, whose own partial stays; the root is the
     consumer's first device for a partial-sum reader of a split consumer (which then reads the sum there),
     else the first consumer device holding a partial (or the first consumer device), which sends the sum on
     to the other consumer devices (stage 2)."""
+    hold_device, target_device = inputs[3], inputs[8]
+    h0, h1, t0, t1, row = bounds
     if to_split_consumer:
         root = c_first
     else:
-        root = targets[0]
-        for e in targets:
-            if held[e]:
-                root = e
+        root = target_device[t0]
+        for j in range(t0, t1):
+            if held[target_device[j]]:
+                root = target_device[j]
                 break
-    for s in hold_device:
-        if s == root:
-            local[root] = True
+    for j in range(h0, h1):
+        if hold_device[j] == root:
+            local[row + root] = True
         else:
-            _contribute(work, count, s, root, 1, k, 1.0, 0.0, 1.0)
+            _contribute(work, count, hold_device[j], root, 1, k, 1.0, 0.0, 1.0)
     if not to_split_consumer:
-        for e in targets:
-            if e != root:
-                _contribute(work, count, root, e, 2, k, 1.0, 0.0, 1.0)
+        for j in range(t0, t1):
+            if target_device[j] != root:
+                _contribute(work, count, root, target_device[j], 2, k, 1.0, 0.0, 1.0)
 
 
 @inline_jit
-def _whole_rule(k, hold_device, held, targets, beta, local, work, count):
+def _whole_rule(k, inputs, bounds, held, beta, local, work, count):
     """A whole tensor on every holder → each consumer device without a copy gets one from the best holder
     (**Transfer**)."""
-    for position in range(targets.size):
-        e = targets[position]
+    hold_device, target_device = inputs[3], inputs[8]
+    h0, h1, t0, t1, row = bounds
+    for ti in range(t0, t1):
+        e = target_device[ti]
         if held[e]:
-            local[e] = True
+            local[row + e] = True
         else:
-            _contribute(work, count, _source(hold_device, e, position, beta), e, 1, k, 1.0, 0.0, 1.0)
+            _contribute(work, count, _source(hold_device, h0, h1, e, ti - t0, beta), e, 1, k, 1.0, 0.0, 1.0)
 
 
 @inline_jit
@@ -335,10 +339,12 @@ def _write_transfers(work, count, out, written):
 
 
 @inline_jit
-def _set(flags, indices):
-    """flags[i] = True for each i of ``indices``."""
-    for i in indices:
-        flags[i] = True
+def _set_targets(local, inputs, bounds):
+    """Every consumer device of the skeleton (``bounds``) reads the producer's own copy."""
+    target_device = inputs[8]
+    _, _, t0, t1, row = bounds
+    for j in range(t0, t1):
+        local[row + target_device[j]] = True
 
 
 @jit
@@ -351,24 +357,24 @@ def _ptr(counts):
 
 
 @inline_jit
-def _source(hold_device, e, position, beta):
-    """The holder sending a whole copy to ``e``: best bandwidth, ties (within 1e-9) rotating over the consumer
-    devices by ``e``'s ``position`` among them."""
-    if hold_device.size == 1:
-        return hold_device[0]
-    best = beta[hold_device[0], e]
-    for s in hold_device[1:]:
-        if beta[s, e] > best:
-            best = beta[s, e]
+def _source(hold_device, h0, h1, e, position, beta):
+    """The holder (of ``hold_device[h0:h1]``) sending a whole copy to ``e``: best bandwidth, ties (within 1e-9)
+    rotating over the consumer devices by ``e``'s ``position`` among them."""
+    if h1 - h0 == 1:
+        return hold_device[h0]
+    best = beta[hold_device[h0], e]
+    for j in range(h0 + 1, h1):
+        if beta[hold_device[j], e] > best:
+            best = beta[hold_device[j], e]
     tied = 0
-    for s in hold_device:
-        if beta[s, e] >= best * (1 - 1e-9):
+    for j in range(h0, h1):
+        if beta[hold_device[j], e] >= best * (1 - 1e-9):
             tied += 1
     pick = position % tied
-    for s in hold_device:
-        if beta[s, e] >= best * (1 - 1e-9):
+    for j in range(h0, h1):
+        if beta[hold_device[j], e] >= best * (1 - 1e-9):
             if pick == 0:
-                return s
+                return hold_device[j]
             pick -= 1
     return -1
 
@@ -394,11 +400,13 @@ def _same_starts(hold_lo, h0, c_lo, c0, c1):
 
 
 @inline_jit
-def _same_set(held, targets, num_holders):
-    """Whether the consumer devices ``targets`` (distinct) are the ``num_holders`` holders (``held``)."""
-    if targets.size != num_holders:
+def _same_set(held, inputs, bounds):
+    """Whether the skeleton's consumer devices (distinct) are its holders (``held``)."""
+    target_device = inputs[8]
+    h0, h1, t0, t1, _ = bounds
+    if t1 - t0 != h1 - h0:
         return False
-    for e in targets:
-        if not held[e]:
+    for j in range(t0, t1):
+        if not held[target_device[j]]:
             return False
     return True
