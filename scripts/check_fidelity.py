@@ -12,7 +12,8 @@ pipelines under 1F1B and GPipe with 4 micro-batches. Each plan is simulated with
 (:class:`tag.cost.ProfiledCostModel`) and run for ``--steps`` steps on two processes by `tag run`'s own
 interpreter (pipelines too: ``runtime="tag"``, whose per-op overhead the profile measured; torch's
 pipelining pays another), every instruction timed (:mod:`tag.profile.timeline`); measured = the median
-over the steps after the first of the slowest rank.
+over the steps after the first of the slowest rank, averaged over two runs of the plan one after the
+other, whose distance apart (``rerun``) is the floor the host's noise puts under any error.
 
 Communication: on a shared machine the time a blocked rank takes to wake up, which every transfer and
 collective of gloo pays, moves with the load by ten times within minutes. With ``--comm per-plan``
@@ -65,6 +66,7 @@ from tag.strategy import Strategy, make_pipeline_plan
 BATCH = 8
 GROUPS = 8
 PROBE_BYTES = (1024, 16384, 262144, 1048576, 4194304)  # the per-plan communication benchmark's sizes
+PROBE_REPEATS = 15  # its rounds per size (a median: the host's wake-ups are bimodal under load)
 
 
 def bare_op_times(models: list[str]) -> dict:
@@ -138,6 +140,24 @@ def measured_breakdown(lines: list[list[np.ndarray]], step_times: list[list[floa
             "collective_s": float(np.median(reduce)) if reduce.size else None}
 
 
+def measure_twice(programs, tensors: dict, steps: int, pool: WorkerPool) -> dict:
+    """:func:`measured_breakdown` of two runs of the plan, one after the other: the mean of their figures
+    (the slowest rank of the first), and ``repeat_spread``, how far the two measured steps are apart
+    (|a − b| / max): what the host's noise alone makes of the same plan."""
+    runs = []
+    for _ in range(2):
+        reports = launch([TimedProgram(p) for p in programs], tensors, steps=steps, pool=pool)
+        runs.append(measured_breakdown(timelines(reports), [[r["times"][k] for r in reports] for k in range(steps)]))
+    first, second = runs
+    out = dict(first)
+    for key in ("measured_s", "compute_s", "collective_s"):
+        if first[key] is not None and second[key] is not None:
+            out[key] = (first[key] + second[key]) / 2
+    a, b = first["measured_s"], second["measured_s"]
+    out["repeat_spread"] = abs(a - b) / max(a, b)
+    return out
+
+
 def simulated_breakdown(taskgraph, iteration_time: float, device: int) -> dict:
     """The simulated counterpart on ``device``: compute seconds, communication tasks it takes part in, and
     the mean seconds of one collective (a pipeline's tasks are whole stages, so its ops are not counted)."""
@@ -161,10 +181,11 @@ def run_plans(program, profile: Profile, pool: WorkerPool, steps: int, per_plan_
     rows = []
     for name, kind, plan in jobs:
         load = os.getloadavg()[0]
-        comm = measure_comm(pool=pool, sizes=PROBE_BYTES) if per_plan_comm else profile.device("cpu").comm
+        comm = (measure_comm(pool=pool, sizes=PROBE_BYTES, repeats=PROBE_REPEATS) if per_plan_comm
+                else profile.device("cpu").comm)
         p2p, allreduce = comm["p2p"], comm["allreduce"]
-        cluster = local_cluster(2, latency=p2p.latency_s, bandwidth=p2p.bandwidth, collective_latency=allreduce.latency_s,
-                                collective_bandwidth=allreduce.bandwidth)
+        cluster = local_cluster(2, latency=p2p.latency_s, bandwidth=p2p.bandwidth,
+                                collective_latency=allreduce.latency_s, collective_bandwidth=allreduce.bandwidth)
         if kind == "placement":
             gg, strategy = plan
             compiled = compile_strategy(gg, strategy, cluster, granularity="op", cost=cost)
@@ -177,8 +198,7 @@ def run_plans(program, profile: Profile, pool: WorkerPool, steps: int, per_plan_
                                                   schedule=planned.schedule)
             simulated = result.iteration_time
             programs = lower_pipeline(program, record, cluster).programs
-        reports = launch([TimedProgram(p) for p in programs], program.tensors, steps=steps, pool=pool)
-        measured = measured_breakdown(timelines(reports), [[r["times"][k] for r in reports] for k in range(steps)])
+        measured = measure_twice(programs, program.tensors, steps, pool)
         sim = simulated_breakdown(taskgraph, simulated, measured["rank"])
         rows.append({"model": program.name, "plan": name, "kind": kind, **measured, **sim,
                      "p2p_latency_s": p2p.latency_s, "p2p_bandwidth": p2p.bandwidth,
@@ -226,15 +246,19 @@ def main() -> None:
     device = profile.device("cpu")
     print(json.dumps({"benchmark": "fidelity", "cluster": "local:2", "plans": len(rows), "comm": args.comm,
                       "median_error": float(np.median(errors)), "max_error": float(np.max(errors)),
+                      "median_repeat_spread": float(np.median([r["repeat_spread"] for r in rows])),
+                      "load": [min(r["load"] for r in rows), max(r["load"] for r in rows)],
                       "executor_overhead_s": {name: t.executor_overhead_s for name, t in device.models.items()},
-                      "profile_p2p": {"latency_s": device.comm["p2p"].latency_s, "bandwidth": device.comm["p2p"].bandwidth},
+                      "profile_p2p": {"latency_s": device.comm["p2p"].latency_s,
+                                      "bandwidth": device.comm["p2p"].bandwidth},
                       "profile_allreduce": {"latency_s": device.comm["allreduce"].latency_s,
                                             "bandwidth": device.comm["allreduce"].bandwidth},
                       "seconds": round(time.perf_counter() - started, 1), "rows": rows}, default=float))
 
 
 def print_table(rows: list[dict]) -> None:
-    print(f"{'model':<16}{'plan':<22}{'sim':>9}{'measured':>10}{'error':>7}{'load':>6}{'p2p':>8}{'coll.':>8}  "
+    print(f"{'model':<16}{'plan':<22}{'sim':>9}{'measured':>10}{'error':>7}{'rerun':>7}{'load':>6}{'p2p':>8}"
+          f"{'coll.':>8}  "
           f"{'compute miss':>14}  {'comm miss (sim tasks)':>24}  collective sim/measured")
     for r in rows:
         comm = (f"{r['comm_miss_per_task_s'] * 1e6:+7.0f} us x{r['comm_instructions']} ({r['sim_comm_tasks']})"
@@ -242,11 +266,13 @@ def print_table(rows: list[dict]) -> None:
         collective = (f"{r['sim_collective_s'] * 1e3:.2f}/{r['collective_s'] * 1e3:.2f} ms"
                       if r["sim_collective_s"] is not None and r["collective_s"] is not None else "")
         print(f"{r['model']:<16}{r['plan']:<22}{r['simulated_s'] * 1e3:>7.2f}ms{r['measured_s'] * 1e3:>8.2f}ms"
-              f"{r['error']:>7.0%}{r['load']:>6.1f}{r['p2p_latency_s'] * 1e6:>6.0f}us"
+              f"{r['error']:>7.0%}{r['repeat_spread']:>7.0%}{r['load']:>6.1f}{r['p2p_latency_s'] * 1e6:>6.0f}us"
               f"{r['collective_latency_s'] * 1e6:>6.0f}us  "
               f"{r['compute_miss_per_op_s'] * 1e6:+7.1f} us/op  {comm:>24}  {collective}")
     errors = np.array([r["error"] for r in rows])
-    print(f"relative error: median {np.median(errors):.0%}, largest {errors.max():.0%} over {len(rows)} plans")
+    spread = np.array([r["repeat_spread"] for r in rows])
+    print(f"relative error: median {np.median(errors):.0%}, largest {errors.max():.0%} over {len(rows)} plans; "
+          f"the same plan run twice: median {np.median(spread):.0%}, largest {spread.max():.0%} apart")
 
 
 if __name__ == "__main__":

@@ -3,8 +3,9 @@ communication between processes of this host, and the cost model reads what it w
 
 Layers: :mod:`tag.profile.data` (the file and its data model) is a leaf that ``tag.cluster`` and
 ``tag.cost`` read; :mod:`tag.profile.ops`, :mod:`tag.profile.comm`, :mod:`tag.profile.executor`,
-:mod:`tag.profile.report` and :mod:`tag.profile.cli` measure and report, importing ``tag.execute`` and
-``torch``, and are imported only by the command line and scripts. This ``__init__`` re-exports the data model alone, so importing it stays cheap.
+:mod:`tag.profile.timeline`, :mod:`tag.profile.report` and :mod:`tag.profile.cli` measure and report,
+importing ``tag.execute`` and ``torch``, and are imported only by the command line and scripts. This
+``__init__`` re-exports the data model alone, so importing it stays cheap.
 """
 
 from tag.profile.data import (

@@ -67,7 +67,8 @@ class _CommProbe:
     seconds (rank 0's are the figures)."""
 
     def __init__(self, rank: int, sizes: Sequence[int], warmup: int, repeats: int, stagger_s: float) -> None:
-        self.rank, self.sizes, self.warmup, self.repeats, self.stagger_s = rank, tuple(sizes), warmup, repeats, stagger_s
+        self.rank, self.sizes, self.warmup, self.repeats = rank, tuple(sizes), warmup, repeats
+        self.stagger_s = stagger_s
 
     def make_runtime(self, tensors: dict, device: torch.device | None = None) -> _CommProbe:
         self.device = device or torch.device("cpu")
@@ -114,7 +115,8 @@ class _CommProbe:
 
             p2p.append(_median(ping_pong, self.warmup, self.repeats))
             allreduce.append(_median(reduce, self.warmup, self.repeats))
-        return {"p2p": torch.tensor(p2p, dtype=torch.float64), "allreduce": torch.tensor(allreduce, dtype=torch.float64)}
+        return {"p2p": torch.tensor(p2p, dtype=torch.float64),
+                "allreduce": torch.tensor(allreduce, dtype=torch.float64)}
 
 
 def _median(round_s, warmup: int, repeats: int) -> float:

@@ -23,7 +23,8 @@ import torch
 from tag.execute.lower import RankProgram
 from tag.execute.runtime import RankRuntime
 
-__all__ = ["TIMELINE_KEY", "INSTRUCTION_KINDS", "COMPUTE", "SEND", "RECV", "REDUCE", "LOCAL_REDUCE", "TimedProgram", "timelines"]
+__all__ = ["TIMELINE_KEY", "INSTRUCTION_KINDS", "COMPUTE", "SEND", "RECV", "REDUCE", "LOCAL_REDUCE", "TimedProgram",
+           "timelines"]
 
 TIMELINE_KEY = "__timeline__"
 INSTRUCTION_KINDS = ("compute", "send", "recv", "reduce", "local reduce")
