@@ -12,7 +12,8 @@ from tag.errors import OutputError
 
 __all__ = ["int_in", "batch_size", "positive_int", "num_groups", "micro_batches", "seed", "named",
            "positive_seconds", "add_model", "add_cluster", "add_grouping", "add_simulation", "add_profile",
-           "add_views", "add_mapper_policy", "add_json", "output_path", "check_view_paths", "staged", "write_output", "write_views",
+           "add_views", "add_mapper_policy", "add_json", "output_path", "check_view_paths", "staged",
+           "write_output", "write_views",
            "profile_cost", "shipped_policy"]
 
 
@@ -60,13 +61,15 @@ def add_json(parser: argparse.ArgumentParser) -> None:
 
 
 def add_model(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("model", metavar="MODEL", help="zoo name, graph .json(.gz), PipeDream graph.txt, or MODULE:FUNCTION")
+    parser.add_argument("model", metavar="MODEL",
+                        help="zoo name, graph .json(.gz), PipeDream graph.txt, or MODULE:FUNCTION")
     parser.add_argument("--batch-size", type=batch_size, default=None, help="global batch size (default: the model's)")
     parser.add_argument("--tiny", action="store_true", help="the zoo model's tiny variant")
 
 
 def add_cluster(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cluster", type=named, required=True, help="preset NAME[:ARGS] or a YAML/JSON spec file (`tag clusters`)")
+    parser.add_argument("--cluster", type=named, required=True,
+                        help="preset NAME[:ARGS] or a YAML/JSON spec file (`tag clusters`)")
 
 
 def add_grouping(parser: argparse.ArgumentParser, *, seed_help: str = "METIS seed") -> None:
@@ -86,13 +89,15 @@ def add_profile(parser: argparse.ArgumentParser) -> None:
 
 
 def add_views(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--trace", type=named, metavar="T.json", help="write a Chrome trace (chrome://tracing, Perfetto)")
+    parser.add_argument("--trace", type=named, metavar="T.json",
+                        help="write a Chrome trace (chrome://tracing, Perfetto)")
     parser.add_argument("--gantt", type=named, metavar="G.png", help="draw a Gantt chart of the simulated iteration")
 
 
 def add_mapper_policy(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--mapper-policy", type=named, metavar="CKPT",
-                        help="mapping GNN checkpoint of the learned mapper (default: the shipped checkpoints/tag-mapper.pt)")
+                        help="mapping GNN checkpoint of the learned mapper "
+                             "(default: the shipped checkpoints/tag-mapper.pt)")
 
 
 # --------------------------------------------------------------------------------------- output files

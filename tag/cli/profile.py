@@ -17,7 +17,8 @@ def _batch_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = tuple(int(t) for t in text.split(","))
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes such as 1,2,4,8, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated batch sizes such as 1,2,4,8, "
+                                         f"got {text!r}") from None
     if not sizes or any(b < 1 or b > 2**31 for b in sizes):
         raise argparse.ArgumentTypeError(f"batch sizes must be positive integers, got {text!r}")
     return tuple(sorted(set(sizes)))

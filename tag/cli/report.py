@@ -12,7 +12,10 @@ import math
 import sys
 from typing import Any
 
-__all__ = ["console", "shown", "print_json", "print_files"]
+__all__ = ["WIDTH", "console", "shown", "print_json", "print_files", "render_models", "render_clusters",
+           "render_show", "render_trace", "render_simulation", "render_pipeline_simulation", "render_baselines",
+           "render_placement", "render_families", "render_pipeline", "render_graph_pipeline", "render_compare",
+           "render_run", "render_profile"]
 
 WIDTH = 80  # columns a report fits in
 
