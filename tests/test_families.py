@@ -97,3 +97,48 @@ def test_games_draw_every_family_and_runs_without_families_are_unchanged():
 def test_an_instance_builds_its_familys_cluster():
     _, cluster = build_instance(Instance("vgg19", 4, family="mesh"), num_groups=4, tiny=True)
     assert _same(cluster, family_cluster("mesh", 4))
+
+
+def _fingerprint(clusters) -> str:
+    import hashlib
+
+    digest = hashlib.sha256()
+    for c in clusters:
+        for array in (c.bandwidth, c.latency, c.machine, c.device_type):
+            digest.update(np.ascontiguousarray(array).tobytes())
+        digest.update(",".join(t.name for t in c.types).encode())
+        digest.update(c.name.encode())
+    return digest.hexdigest()
+
+
+def test_unsized_draws_are_those_the_placement_policy_trains_on():
+    """The draws of family_cluster(family, seed) are pinned bit for bit (the sized draws have their own
+    streams and must not move them)."""
+    clusters = [family_cluster(f, s) for f in FAMILIES for s in (0, 1, 7, 123)]
+    assert _fingerprint(clusters) == "e441687c110b22ae251e3f7b3d17a70af3b3f2fd4d53996c18a7c63e3ea86725"
+
+
+@pytest.mark.parametrize("family", list(FAMILIES))
+@pytest.mark.parametrize("devices", [2, 13, 64, 256])
+def test_sized_draws_have_exactly_the_devices_asked_for(family, devices):
+    cluster = family_cluster(family, 3, devices=devices)
+    assert cluster.num_devices == devices
+    assert _same(cluster, family_cluster(family, 3, devices=devices))
+    assert np.all(cluster.bandwidth[~np.eye(devices, dtype=bool)] > 0)
+    if family in ("random-blk-1", "random-blk-2", "uniform-dist", "tag-random", "mixed-gen"):
+        assert not _same(cluster, family_cluster(family, 4, devices=devices))  # seeds differ
+
+
+def test_sized_families_keep_their_kind():
+    from tag.cluster.families import squarest_grid
+
+    assert [squarest_grid(d) for d in (16, 32, 64, 128, 256, 13)] == [(4, 4), (4, 8), (8, 8), (8, 16), (16, 16), (1, 13)]
+    mesh, torus = family_cluster("mesh", 0, devices=64), family_cluster("torus", 0, devices=64)
+    assert mesh.bandwidth[0, 63] < torus.bandwidth[0, 63]  # the corners of an 8x8 torus are 2 hops apart
+    for seed in range(6):
+        nvlink = family_cluster("nvlink", seed, devices=64)
+        same = nvlink.machine[:, None] == nvlink.machine[None, :]
+        assert np.max(nvlink.bandwidth[same & ~np.eye(64, dtype=bool)]) >= 21.4e9
+        assert len(family_cluster("mixed-gen", seed, devices=64).types) >= 2
+    with pytest.raises(ClusterError, match="number of devices"):
+        family_cluster("mesh", 0, devices=1)
