@@ -2,9 +2,11 @@
 (:mod:`tag.policy.mapping`) guiding the shared MCTS (:mod:`tag.search`).
 
 :func:`learned_mapping` searches a :class:`~tag.search.MappingEnv` whose fill is the decoder's greedy
-completion: the greedy decode, greedy decodes under rising thresholds of the stage time, one pass of
-limited discrepancy search (the runner-up device at each slot in turn), then MCTS with the decoder's
-priors. The decoder is built first (the slots' order is the problem's, :func:`search_order`) and handed to
+completion: the greedy decode, greedy decodes under rising thresholds of the stage time, a
+backtracking search under a bisection of targets (:mod:`tag.policy.mapping.backtrack`: limited
+discrepancy search over the decoder's ranking, pruned by each slot's reach and the rings' regions), one
+pass of limited discrepancy search without a target (the runner-up device at each slot in turn), then
+MCTS with the decoder's priors. The decoder is built first (the slots' order is the problem's, :func:`search_order`) and handed to
 the environment as its fill.
 """
 
@@ -18,10 +20,12 @@ import numpy as np
 from tag.exact.mapping import MappingProblem
 from tag.policy.mapping import (MASKED_LOGIT, MappingDecoder, MappingInstance, MappingPolicy, quick_lower_bound,
                                 search_order)
+from tag.policy.mapping.backtrack import backtrack, limited_discrepancy
 from tag.search import LeafEvaluation, MappingEnv, MappingObservation, mcts_search
 
 __all__ = ["learned_mapping", "DEFAULT_MAPPER_ITERATIONS", "DEFAULT_MAPPER_DISCREPANCIES", "FAST_MAPPER_ITERATIONS",
-           "FAST_MAPPER_DISCREPANCIES", "RING_START_WIDTH", "THRESHOLD_STEPS"]
+           "FAST_MAPPER_DISCREPANCIES", "RING_START_WIDTH", "THRESHOLD_STEPS", "DEFAULT_BACKTRACK_DIVES",
+           "FAST_BACKTRACK_DIVES", "LDS", "DFS"]
 
 DEFAULT_MAPPER_ITERATIONS = 32  # MCTS leaves after the greedy decode and the discrepancy pass
 DEFAULT_MAPPER_DISCREPANCIES: int | None = None  # one-discrepancy leaves after the greedy decode (None: a pass)
@@ -29,6 +33,12 @@ DEFAULT_MAPPER_DISCREPANCIES: int | None = None  # one-discrepancy leaves after 
 # and a ring's region is chosen (wider than elsewhere: it lowered the gaps on held-out problems)
 RING_START_WIDTH = 4
 THRESHOLD_STEPS = 8  # greedy decodes under thresholds from the lower bound up to the greedy decode's time
+DEFAULT_BACKTRACK_DIVES = 400  # greedy dives of the backtracking search after the threshold decodes
+BACKTRACK_TARGET_SHARE = 4  # a target of the backtracking search's bisection gets 1/this of its dives left
+BACKTRACK_RESOLUTION = 1e-3  # the bisection stops once its targets are this close (relative)
+FAST_BACKTRACK_DIVES = 0  # the fast setting does not backtrack: it is timed against the exact mapper at 64
+LDS, DFS = "lds", "dfs"  # the backtracking search's orders (_backtrack_pass)
+_TARGET_RTOL = 1e-9  # a map within this relative distance of a target meets it (rounding)
 # the fast setting ("learned fast", docs/benchmarks/mappers.md): the greedy and threshold decodes and a few
 # MCTS leaves, no discrepancy pass; within 5% of the optimum at 16-64 devices at about a tenth of the exact
 # mapper's time (2 leaves: as close as 4 on held-out topologies, and faster)
@@ -41,14 +51,15 @@ def learned_mapping(problem: MappingProblem, policy: MappingPolicy, *, instantia
                     iterations: int = DEFAULT_MAPPER_ITERATIONS,
                     discrepancies: int | None = DEFAULT_MAPPER_DISCREPANCIES, time_limit_s: float | None = None,
                     lower_bound: float | None = None, seed: int | np.random.Generator | None = 0,
-                    patience: int | None = None) -> np.ndarray:
+                    patience: int | None = None, backtrack_dives: int = DEFAULT_BACKTRACK_DIVES) -> np.ndarray:
     """[S, R] the best mapping of the mapping GNN's decoder on a :class:`~tag.search.MappingEnv`: one
     forward pass and the greedy decode; then up to THRESHOLD_STEPS greedy decodes under thresholds
-    from the lower bound up (:func:`_threshold_pass`); then up to ``discrepancies`` one-discrepancy
-    leaves (None: a whole pass, S·(R − 1 + RING_START_WIDTH) leaves at most; :func:`_discrepancy_pass`:
+    from the lower bound up (:func:`_threshold_pass`); then up to ``backtrack_dives`` greedy dives of
+    a backtracking search under a bisection of targets (:func:`_backtrack_pass`); then up to
+    ``discrepancies`` one-discrepancy leaves (None: a whole pass, S·(R − 1 + RING_START_WIDTH) leaves at most; :func:`_discrepancy_pass`:
     a runner-up device at one slot of the best map, the rest greedy under the best map's time); then up
     to ``iterations`` leaves of MCTS with the decoder's priors and greedy fill. ``time_limit_s`` caps
-    all four steps; each stops once a map meets ``lower_bound`` (by default :func:`quick_lower_bound`:
+    all five steps; each stops once a map meets ``lower_bound`` (by default :func:`quick_lower_bound`:
     the map is then optimal, and the search is skipped when the greedy decode does), and MCTS after
     ``patience`` leaves in a row that did not improve its best (None: no such stop). The CS map is among
     the candidates, so the result is never worse than it."""
@@ -65,6 +76,8 @@ def learned_mapping(problem: MappingProblem, policy: MappingPolicy, *, instantia
     budget = math.inf if discrepancies is None else discrepancies
     if best.value < _PROVEN:
         best = _threshold_pass(env, decoder, best, lower_bound, deadline)
+    if best.value < _PROVEN and backtrack_dives > 0:
+        best = _backtrack_pass(env, decoder, best, lower_bound, deadline, backtrack_dives)
     if best.value < _PROVEN and budget > 0:
         best = _discrepancy_pass(env, decoder, best, budget, deadline)
     if best.value >= _PROVEN or iterations <= 0 or time.perf_counter() >= deadline:
@@ -138,4 +151,41 @@ def _discrepancy_pass(env: MappingEnv, decoder: MappingDecoder, best: LeafEvalua
             if leaf.time < best.time:
                 best, devices = leaf, full
                 break
+    return best
+
+
+def _backtrack_pass(env: MappingEnv, decoder: MappingDecoder, best: LeafEvaluation, lower_bound: float,
+                    deadline: float, dives: int, *, strategy: str = LDS) -> LeafEvaluation:
+    """The best leaf of a bisection over targets between ``lower_bound`` and the time of ``best``, each
+    searched under the target with a 1/BACKTRACK_TARGET_SHARE share of what is left of ``dives``:
+    :func:`~tag.policy.mapping.backtrack.limited_discrepancy` (``strategy`` LDS) or the chronological
+    :func:`~tag.policy.mapping.backtrack.backtrack` (DFS), both over the decoder's ranking with its reach
+    and the rings' regions as pruning. A map found lowers the upper end to its time; a target without one
+    (none exists, or out of dives) raises the lower end. The first target is the lower bound itself,
+    which the meshes' rings meet (a map found there is optimal). Stops at ``deadline``, once the targets
+    are BACKTRACK_RESOLUTION apart, or once a leaf is optimal.
+
+    Why limited discrepancy by default: a greedy decode under a target gets stuck in the last rings of a
+    256-device mesh, where an early choice (the region a ring took) is the mistake; the chronological
+    search spends its dives varying the last slots, while discrepancy order varies each slot once before
+    it varies two (on the 256-device meshes, both depths reach the optimum within 400 dives; the
+    chronological search stays 41–51% from it)."""
+    search = {LDS: limited_discrepancy, DFS: backtrack}[strategy]
+
+    def evaluate(devices: list[int]) -> float:
+        return env.evaluate(tuple(devices)).time
+
+    low, left = lower_bound, dives
+    target = lower_bound
+    while left > 0 and best.value < _PROVEN and time.perf_counter() < deadline:
+        if target <= 0 or target >= best.time * (1.0 - BACKTRACK_RESOLUTION):
+            break
+        share = left if left < 2 * BACKTRACK_TARGET_SHARE else left // BACKTRACK_TARGET_SHARE
+        found = search(decoder, target, evaluate, dives=share, deadline=deadline)
+        left -= found.dives
+        if found.devices is not None and found.time < best.time:
+            best = env.evaluate(tuple(found.devices))
+        if found.devices is None or found.time > target * (1.0 + _TARGET_RTOL):
+            low = target
+        target = math.sqrt(low * best.time)
     return best

@@ -10,12 +10,15 @@ report its eq. (5) objective and a lower bound in the same unit:
 - ``"mcts"``: the shared MCTS over :class:`tag.search.MappingEnv` with uniform priors (pure MCTS),
   ``mcts_iterations`` leaves or ``time_limit`` seconds, whichever ends first; the assignment lower bound
   beside it;
-- ``"learned"``: the mapping GNN's greedy decode, ``learned_discrepancies`` one-discrepancy leaves (None:
-  one per stage replica) and ``learned_iterations`` leaves of the same MCTS with its priors and greedy
-  fill (:func:`tag.planners.learned_mapper.learned_mapping`); ``policy`` is a checkpoint path or a loaded
+- ``"learned"``: the mapping GNN's greedy decode, its greedy decodes under rising thresholds,
+  ``learned_backtrack_dives`` dives of the backtracking search (None: DEFAULT_BACKTRACK_DIVES),
+  ``learned_discrepancies`` one-discrepancy leaves (None: one per stage replica) and
+  ``learned_iterations`` leaves of the same MCTS with its priors and greedy fill
+  (:func:`tag.planners.learned_mapper.learned_mapping`); ``policy`` is a checkpoint path or a loaded
   MappingPolicy, the shipped ``checkpoints/tag-mapper.pt`` by default;
-- ``"learned-fast"``: the same with the fast setting's defaults (no discrepancy pass, FAST_MAPPER_ITERATIONS
-  leaves): about a tenth of the exact mapper's time at 64 devices, a few per cent further from the optimum.
+- ``"learned-fast"``: the same with the fast setting's defaults (no backtracking, no discrepancy pass,
+  FAST_MAPPER_ITERATIONS leaves): about a tenth of the exact mapper's time at 64 devices, a few per cent
+  further from the optimum.
 
 Every stage needs the same replica count (RaNNC may give unequal ones: :class:`~tag.exact.MappingError`).
 """
@@ -52,7 +55,8 @@ _HEURISTICS = {"cs": cs_map, "p2p": p2p_map}
 
 def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUTO, workers: int = 1,
                 mcts_iterations: int = DEFAULT_MCTS_ITERATIONS, learned_iterations: int | None = None,
-                learned_discrepancies: int | None = None, policy: Any = None) -> Mapper:
+                learned_discrepancies: int | None = None, learned_backtrack_dives: int | None = None,
+                policy: Any = None) -> Mapper:
     """The mapper called ``name`` (one of :data:`MAPPERS`); ``time_limit`` bounds the exact solver and
     MCTS, ``workers`` is the exact solver's."""
     if name not in MAPPERS:
@@ -70,6 +74,9 @@ def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUT
                                   else learned_mapper.DEFAULT_MAPPER_ITERATIONS)
         if learned_discrepancies is None and fast:
             learned_discrepancies = learned_mapper.FAST_MAPPER_DISCREPANCIES
+        if learned_backtrack_dives is None:
+            learned_backtrack_dives = (learned_mapper.FAST_BACKTRACK_DIVES if fast
+                                       else learned_mapper.DEFAULT_BACKTRACK_DIVES)
 
     def mapper(stage_graph: StageGraph, replicas: Any, cluster: Cluster, devices: Sequence[int], *,
                seed: int | np.random.Generator | None = 0) -> Placement:
@@ -87,7 +94,7 @@ def make_mapper(name: str, *, time_limit: float = 60.0, instantiation: str = AUT
             mapping = learned_mapper.learned_mapping(problem, policy, instantiation=mode,
                                                      iterations=learned_iterations,
                                                      discrepancies=learned_discrepancies, time_limit_s=time_limit,
-                                                     seed=seed)
+                                                     seed=seed, backtrack_dives=learned_backtrack_dives)
         else:
             mapping = random_map(problem, as_rng(seed)) if name == "random" else _HEURISTICS[name](problem)
         value = max_stage_time(problem, mapping, mode)

@@ -10,6 +10,8 @@ greedy fill; the driver that searches with them is :mod:`tag.planners.learned_ma
   its numpy copy for inference, :func:`numpy_tables`;
 - :mod:`~tag.policy.mapping.decoder`: the decoder's logits, priors and greedy completions,
   :class:`MappingDecoder`, with a reference and a compiled fast path;
+- :mod:`~tag.policy.mapping.backtrack`: searches under a bound of the stage time that back up where the
+  decoder's greedy decode gets stuck (depth-first and limited-discrepancy, with a ring-region check);
 - :mod:`~tag.policy.mapping.loss`: the same logits batched in torch for training, :func:`imitation_loss`;
 - :mod:`~tag.policy.mapping.checkpoint`: saving, loading and the shipped checkpoint.
 """

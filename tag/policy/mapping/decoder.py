@@ -168,11 +168,61 @@ class MappingDecoder:
         inst = self.instance
         if len(devices) >= inst.num_slots:
             raise PolicyError(f"every one of the {inst.num_slots} slots is decided: no next slot has logits")
+        return self._next(devices)[0]
+
+    def _next(self, devices: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """(logits [D], reach [D]) of the next slot after ``devices``: the compiled :func:`_next_logits`."""
+        inst = self.instance
         ptr, src, edges, cost, ring, costs, slot_hop, hops = self._flat
         return _next_logits(np.asarray(devices, dtype=np.int64), self._running_time(devices), self.static,
                             self.affinity, inst.compute, ptr, src, self.edge_weight[edges], cost, ring, costs,
                             inst.ring_start, inst.hops_left, slot_hop, hops, self.beta, self.crowding,
                             self._near_columns, self._near_count, self._near_total)
+
+    def ranked(self, devices: Sequence[int], *, bound: float | None = None) -> list[int]:
+        """The free devices of the next slot after ``devices``, best first, in the greedy decode's order
+        (highest logit rounded to _TIE_DECIMALS decimals, ties to the lowest id: the first is the device
+        :meth:`complete` takes); with ``bound`` (seconds), only those whose reach is within it (none when
+        the prefix's running time passes it), the choices a search under that bound can make."""
+        inst = self.instance
+        if len(devices) >= inst.num_slots:
+            raise PolicyError(f"every one of the {inst.num_slots} slots is decided: no next slot to rank")
+        limit = math.inf if bound is None else bound / inst.scale * (1.0 + _BOUND_RTOL)
+        if devices and self._running_time(devices) > limit:
+            return []
+        logits, reach = self._next(devices)
+        score = np.round(logits, _TIE_DECIMALS)
+        order = np.argsort(-score, kind="stable")
+        keep = (logits[order] > _MASKED) & (reach[order] <= limit)
+        return order[keep].tolist()
+
+    def dive(self, devices: Sequence[int], *, bound: float) -> tuple[list[int], int]:
+        """The greedy decode under ``bound`` (seconds) from ``devices``, as :meth:`complete` takes it, and
+        where it stopped: (every slot's device, -1) when it completes; else (the devices of the slots before
+        the stop, the slot k at which no free device keeps its reach within the bound). Nothing memoised:
+        a backtracking search dives from a new prefix each time."""
+        inst = self.instance
+        start = tuple(devices)
+        limit = bound / inst.scale * (1.0 + _BOUND_RTOL)
+        if start and self._running_time(start) > limit:
+            return list(start[:-1]), len(start) - 1
+        if len(start) == inst.num_slots:
+            return list(start), -1
+        out, stopped, _ = self._greedy(start, limit)
+        return (out.tolist(), -1) if stopped < 0 else (out[:stopped].tolist(), int(stopped))
+
+    def _greedy(self, start: tuple[int, ...], limit: float) -> tuple[np.ndarray, int, np.ndarray]:
+        """:func:`_greedy_kernel` from ``start`` under ``limit`` (the instance's time unit)."""
+        inst = self.instance
+        used = list(start)
+        taken = np.zeros(inst.num_devices)
+        taken[used] = -np.inf
+        ptr, src, edges, cost, ring, costs, slot_hop, hops = self._flat
+        return _greedy_kernel(
+            np.asarray(start, dtype=np.int64), self._running_time(start), limit, self.static, self.affinity,
+            inst.compute, ptr, src, self.edge_weight[edges], cost, ring, costs, inst.ring_start, inst.hops_left,
+            slot_hop, hops, self.beta, self.crowding, self._near_columns, self._near_total,
+            self._near_count - self._near_columns[used].sum(axis=0), taken)  # near links to free devices
 
     def reference_logits(self, devices: Sequence[int]) -> np.ndarray:
         """:meth:`logits` in numpy, step by step (:meth:`_step`): the reference the compiled decoder is
@@ -234,16 +284,7 @@ class MappingDecoder:
                 if not len(over):
                     return list(known)
                 start = known[:len(start) + int(over[0])]
-        used = list(start)
-        taken = np.zeros(self.instance.num_devices)
-        taken[used] = -np.inf
-        ptr, src, edges, cost, ring, costs, slot_hop, hops = self._flat
-        inst = self.instance
-        out, stopped, reaches = _greedy_kernel(
-            np.asarray(start, dtype=np.int64), self._running_time(start), limit, self.static, self.affinity,
-            inst.compute, ptr, src, self.edge_weight[edges], cost, ring, costs, inst.ring_start, inst.hops_left,
-            slot_hop, hops, self.beta, self.crowding, self._near_columns, self._near_total,
-            self._near_count - self._near_columns[used].sum(axis=0), taken)  # near links to free devices
+        out, stopped, reaches = self._greedy(start, limit)
         if stopped >= 0:
             return None
         full = tuple(out.tolist())
@@ -404,9 +445,10 @@ def _slot_step(k, out, before, static, affinity, compute, edge_ptr, edge_src, ed
 def _next_logits(prefix, before, static, affinity, compute, edge_ptr, edge_src, edge_weight, edge_cost,
                  edge_ring, costs, ring_start, hops_left, slot_hop, hops, beta, crowding, near_columns,
                  near_count, near_total):  # pragma: no cover - compiled
-    """[D] :meth:`MappingDecoder.logits` of slot len(``prefix``) (arguments as :func:`_greedy_kernel`'s;
-    ``near_count`` [D] int64 near links per device): :func:`_slot_step`, the crowding (the near links of
-    each device whose far end is still free, counted exactly in integers), used devices masked."""
+    """([D] :meth:`MappingDecoder.logits`, [D] reach) of slot len(``prefix``) (arguments as
+    :func:`_greedy_kernel`'s; ``near_count`` [D] int64 near links per device): :func:`_slot_step`, the
+    crowding (the near links of each device whose far end is still free, counted exactly in integers),
+    used devices masked; the reach as the greedy kernel bounds it."""
     num_slots, num_devices = static.shape
     k = len(prefix)
     table = np.empty((max(int(hops_left.max()) - 1, 1), num_devices))
@@ -423,5 +465,5 @@ def _next_logits(prefix, before, static, affinity, compute, edge_ptr, edge_src, 
         logits[d] += crowding * (free_near[d] / near_total[d])
     for i in range(k):
         logits[prefix[i]] = _MASKED
-    return logits
+    return logits, scratch[4].copy()
 
