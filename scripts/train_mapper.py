@@ -6,7 +6,8 @@ run. ``--ship PATH`` copies the best policy (least mean validation gap; without 
 e.g. the shipped ``checkpoints/tag-mapper.pt``. The last line of stdout is one JSON object of the run's figures.
 
     .venv/bin/python scripts/train_mapper.py [--out runs/mapper] [--instances 600] [--epochs 30]
-        [--hidden 64] [--heads 4] [--layers 3] [--resume] [--ship checkpoints/tag-mapper.pt] [--json]
+        [--hidden 64] [--heads 4] [--layers 3] [--families F ...] [--resume] [--ship checkpoints/tag-mapper.pt]
+        [--json]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from rich.table import Table
 
 from tag.errors import TagError
 from tag.policy.mapping import MappingPolicyConfig, load_mapping_policy, save_mapping_policy
-from tag.training.mapper import MapperTrainConfig, train_mapper
+from tag.training.mapper import FAMILIES, MapperTrainConfig, train_mapper
 
 
 def main() -> int:
@@ -36,6 +37,8 @@ def main() -> int:
     parser.add_argument("--epochs", type=int, default=defaults.epochs)
     parser.add_argument("--seed", type=int, default=defaults.seed)
     parser.add_argument("--exact-time-limit", type=float, default=defaults.exact_time_limit)
+    parser.add_argument("--families", nargs="+", choices=FAMILIES, default=list(defaults.families),
+                        help="topology families to train on (default: all but tag.training.mapper.HELD_OUT)")
     parser.add_argument("--hidden", type=int, default=defaults.policy.hidden, help="width of the GNN's embeddings")
     parser.add_argument("--heads", type=int, default=defaults.policy.heads, help="attention heads per GATv2 layer")
     parser.add_argument("--layers", type=int, default=defaults.policy.num_layers, help="message-passing layers")
@@ -49,7 +52,8 @@ def main() -> int:
     except TagError as exc:
         parser.error(str(exc))
     config = MapperTrainConfig(instances=args.instances, validation=args.validation, epochs=args.epochs,
-                               seed=args.seed, exact_time_limit=args.exact_time_limit, policy=policy)
+                               seed=args.seed, exact_time_limit=args.exact_time_limit, families=tuple(args.families),
+                               policy=policy)
     console = Console(stderr=True)
     start = time.perf_counter()
     with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),

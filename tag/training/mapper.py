@@ -1,9 +1,12 @@
 """Training the learned stage-to-device mapper (:mod:`tag.policy.mapping`) by imitating the exact mapper.
 
-**Data.** A training instance is a Parmesan-style mapping problem: a topology drawn from the families
-of Parmesan §VI-D and TAG (2D mesh, 2D torus, random_blk_1, random_blk_2, uniform_dist, and TAG's
-random hierarchical clusters of machines with mixed GPUs) and a stage graph from a zoo model cut into
-S stages by the PipeDream-style linear DP (:func:`zoo_stage_graph`), R = ⌊D/S⌋ replicas. Its target
+**Data.** A training instance is a Parmesan-style mapping problem: a topology drawn from one of
+``config.families`` (:data:`FAMILIES`: Parmesan §VI-D's 2D mesh, 2D torus, random_blk_1, random_blk_2 and
+uniform_dist, TAG's random hierarchical clusters of machines with mixed GPUs, and
+:mod:`tag.cluster.families`' NVLink islands and mixed GPU generations drawn at the instance's device
+count; :data:`HELD_OUT` is left out by default, for the comparison to judge transfer on) and a stage
+graph from a zoo model cut into S stages by the PipeDream-style linear DP (:func:`zoo_stage_graph`),
+R = ⌊D/S⌋ replicas. Its target
 is the exact mapper's mapping (binary search + DFS, Parmesan Algorithms 1–2) within a time limit:
 optimal when proven, the best found otherwise. Random families draw seeds from ``seed`` up, so a run
 with seeds ≥ 1000 never sees the seed-0 topologies of ``scripts/compare_mappers.py``; the models of
@@ -41,6 +44,7 @@ from tag._atomic import atomic_open, atomic_write_text
 from tag._rng import as_rng
 from tag.cluster import resolve_cluster
 from tag.cluster.cluster import Cluster
+from tag.cluster.families import family_cluster
 from tag.exact import ForwardGraph, build_stage_graph, partition_pipedream
 from tag.exact.mapping import MappingProblem, choose_instantiation, solve_mapping
 from tag.exact.stage_graph import StageGraph
@@ -58,10 +62,14 @@ from tag.policy.mapping import (
 from tag.training.errors import TrainingError
 
 __all__ = ["MapperTrainConfig", "MappingExample", "zoo_stage_graph", "sample_problem", "build_examples",
-           "train_mapper", "TRAIN_MODELS", "FAMILIES", "GPU_TYPES"]
+           "train_mapper", "stage_gpus", "TRAIN_MODELS", "FAMILIES", "HELD_OUT", "TRAIN_FAMILIES", "GPU_TYPES"]
 
 TRAIN_MODELS = ("resnet101", "resnet152", "vgg19", "inception-v3", "transformer", "bert-small", "gpt2")
-FAMILIES = ("2d mesh", "2d torus", "random_blk_1", "random_blk_2", "uniform_dist", "hierarchical")
+FAMILIES = ("2d mesh", "2d torus", "random_blk_1", "random_blk_2", "uniform_dist", "hierarchical", "nvlink",
+            "mixed-gen")
+HELD_OUT = ("random_blk_2",)  # not trained on by default: scripts/compare_mappers.py judges transfer on it
+TRAIN_FAMILIES = tuple(f for f in FAMILIES if f not in HELD_OUT)
+_SIZED_FAMILIES = ("nvlink", "mixed-gen")  # drawn by tag.cluster.families at the instance's device count
 GPU_TYPES = ("v100-32gb", "1080ti", "p100")  # what TAG's random clusters draw from
 PARTITION_BANDWIDTH = 10e9  # bytes/s the partitioner prices boundary tensors at (the mapper sees the real links)
 _GRIDS = {8: ("2x4",), 16: ("4x4", "2x8"), 32: ("4x8",), 64: ("8x8", "4x16")}
@@ -75,13 +83,20 @@ class MapperTrainConfig:
     instances: int = 1000  # training instances (one exact solve each)
     validation: int = 60  # further instances, for the greedy gap per epoch
     devices: tuple[int, ...] = (8, 16, 32, 64)  # device counts of the grid and random-block families
-    seed: int = 1000  # first topology seed; compare_mappers uses seed 0
+    seed: int = 1000  # first topology seed; compare_mappers uses seeds from 0
+    families: tuple[str, ...] = TRAIN_FAMILIES  # topology families drawn (FAMILIES)
     exact_time_limit: float = 2.0  # seconds per target
     epochs: int = 40
     batch: int = 8  # instances per Adam step
     lr: float = 2e-3
     clip: float = 1.0  # gradient norm clip
     policy: MappingPolicyConfig = MappingPolicyConfig()
+
+    def __post_init__(self) -> None:
+        unknown = [f for f in self.families if f not in FAMILIES]
+        if unknown or not self.families:
+            raise TrainingError(f"families must be some of {', '.join(FAMILIES)}, got {list(self.families)!r}")
+        object.__setattr__(self, "families", tuple(self.families))
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -125,14 +140,26 @@ def _family_cluster(family: str, devices: int, rng: np.random.Generator, seed: i
         return resolve_cluster(f"{'mesh2d' if family == '2d mesh' else 'torus2d'}:{grid}")
     if family == "hierarchical":
         return resolve_cluster(f"tag-random:seed={seed}")
+    if family in _SIZED_FAMILIES:
+        return family_cluster(family, seed, devices=devices)
     name = {"random_blk_1": "random-blk-1", "random_blk_2": "random-blk-2", "uniform_dist": "uniform-dist"}[family]
     return resolve_cluster(f"{name}:{devices},seed={seed}")
 
 
+def stage_gpus(cluster: Cluster) -> tuple[str, ...]:
+    """The GPU types a zoo stage graph for ``cluster`` is timed on: every type of the cluster
+    (MappingProblem.from_stage_graph gives each device its own type's time only then)."""
+    names = {t.name for t in cluster.types}
+    if len(names) == 1:
+        return ("v100-32gb",)
+    return GPU_TYPES if names <= set(GPU_TYPES) else tuple(sorted(names))
+
+
 def sample_problem(rng: np.random.Generator, seed: int, devices: tuple[int, ...] = (8, 16, 32, 64),
-                   models: tuple[str, ...] = TRAIN_MODELS) -> tuple[MappingProblem, str]:
+                   models: tuple[str, ...] = TRAIN_MODELS,
+                   families: tuple[str, ...] = TRAIN_FAMILIES) -> tuple[MappingProblem, str]:
     """A random training problem (module docstring) and a description of it; ``seed`` seeds the topology."""
-    family = FAMILIES[int(rng.integers(len(FAMILIES)))]
+    family = families[int(rng.integers(len(families)))]
     count = int(devices[int(rng.integers(len(devices)))])
     cluster = _family_cluster(family, count, rng, seed)
     count = cluster.num_devices
@@ -140,21 +167,21 @@ def sample_problem(rng: np.random.Generator, seed: int, devices: tuple[int, ...]
     depths = [s for s in (2, 4, 8, 16) if s <= count and s < 2 * count]
     stages = depths[int(rng.integers(len(depths)))] if count >= 2 else 1
     replicas = max(1, count // stages)
-    gpus = GPU_TYPES if len(cluster.types) > 1 else ("v100-32gb",)
-    graph = zoo_stage_graph(model, stages, replicas, gpus)
+    graph = zoo_stage_graph(model, stages, replicas, stage_gpus(cluster))
     problem = MappingProblem.from_stage_graph(graph, replicas, cluster)
     return problem, f"{model} S={stages} R={replicas} on {cluster.name} ({family}, {count} devices)"
 
 
 def build_examples(count: int, seed: int, *, devices: tuple[int, ...] = (8, 16, 32, 64),
-                   time_limit: float = 2.0, progress: Callable[[int, str], None] | None = None) -> list[MappingExample]:
+                   time_limit: float = 2.0, families: tuple[str, ...] = TRAIN_FAMILIES,
+                   progress: Callable[[int, str], None] | None = None) -> list[MappingExample]:
     """``count`` problems with topology seeds ``seed``, ``seed + 1``, …, each solved by the exact mapper."""
     from tag.search import MappingEnv  # tag.search imports tag.exact; keep the import local like the mappers
 
     rng = as_rng(seed)
     out = []
     for k in range(count):
-        problem, description = sample_problem(rng, seed + k, devices)
+        problem, description = sample_problem(rng, seed + k, devices, families=families)
         mode = choose_instantiation(problem)
         result = solve_mapping(problem, instantiation=mode, time_limit=time_limit, seed=seed + k)
         env = MappingEnv(problem, instantiation=mode, lower_bound=result.lower_bound)
@@ -210,7 +237,7 @@ def _load_examples(path: Path, config: MapperTrainConfig) -> tuple[list[MappingE
 
 def _data_key(config: MapperTrainConfig) -> dict[str, Any]:
     return {"instances": config.instances, "validation": config.validation, "devices": list(config.devices),
-            "seed": config.seed, "exact_time_limit": config.exact_time_limit}
+            "seed": config.seed, "exact_time_limit": config.exact_time_limit, "families": list(config.families)}
 
 
 # --------------------------------------------------------------------------------------- training
@@ -236,6 +263,7 @@ def train_mapper(config: MapperTrainConfig, out: str | Path, *, resume: bool = F
     if loaded is None:
         total = config.instances + config.validation
         examples = build_examples(total, config.seed, devices=config.devices, time_limit=config.exact_time_limit,
+                                  families=config.families,
                                   progress=lambda done, text: report("data", done, total, text))
         train, validation = examples[:config.instances], examples[config.instances:]
         with atomic_open(data_path) as handle:
