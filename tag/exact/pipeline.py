@@ -303,6 +303,10 @@ def _search_uniform(ctx: _Context, method: str, stages: int | None, replicas: in
     first_alpha = 1.0 if 1.0 in alphas or method == "pipedream" else alphas[0]
     scan_limit = min(ctx.downset_limit, SEARCH_DOWNSET_LIMIT) if len(pairs) > 1 or micro_batches is None \
         else ctx.downset_limit
+    full_deadline = ctx.deadline
+    if method == "pipedream" and replicas is None and np.isfinite(full_deadline):
+        # the per-stage replica search below gets half of what is left: its uneven plans win on slow links
+        ctx.deadline = time.perf_counter() + (full_deadline - time.perf_counter()) / 2
     for s, r in pairs:
         if s * r > num_devices:
             raise PartitionError(f"{s} stages x {r} replicas need {s * r} devices; {num_devices} given")
@@ -319,6 +323,7 @@ def _search_uniform(ctx: _Context, method: str, stages: int | None, replicas: in
         reason = f"; first failure: {ctx.failures[0]}" if ctx.failures else ""
         raise PartitionError(f"none of {len(ctx.failures)} pipeline configuration(s) could be partitioned on "
                              f"{num_devices} devices{reason}")
+    ctx.deadline = full_deadline
     if method == "parmesan":
         s, r, m = best.stage_graph.num_stages, int(best.stage_graph.replicas[0]), best.stage_graph.micro_batches
         for alpha in alphas:

@@ -124,7 +124,8 @@ def pipeline_candidates(graph: OpGraph, cluster: Cluster, *, cost: CostModel | N
     its mapper for at most ``mapper_time_limit`` of that share."""
     out = []
     deadline = None if time_limit_s is None else time.perf_counter() + time_limit_s
-    for k, partitioner in enumerate(partitioners):
+    # RaNNC first: it takes a second or two, and what it leaves of its share goes to the DPs after it
+    for k, partitioner in enumerate(sorted(partitioners, key=lambda p: p != "rannc")):
         start = time.perf_counter()
         share = None if deadline is None else max(deadline - start, 1e-3) / (len(partitioners) - k)
         mapper = make_mapper("exact", time_limit=mapper_time_limit if share is None
@@ -138,7 +139,7 @@ def pipeline_candidates(graph: OpGraph, cluster: Cluster, *, cost: CostModel | N
         out.append(Candidate("pipeline", partitioner, float(plan.iteration_time), bool(plan.result.feasible),
                              float(plan.result.peak_memory.max()), time.perf_counter() - start, plan,
                              _pipeline_shape(plan), info={"stopped_at_limit": plan.info.get("stopped_at_limit")}))
-    return out
+    return sorted(out, key=lambda c: partitioners.index(c.planner))
 
 
 def fastest_pipeline(graph: OpGraph, cluster: Cluster, *, partitioners: tuple[str, ...] = PIPELINE_PARTITIONERS,
