@@ -3,6 +3,7 @@
     python scripts/bench_families.py                       # the TAG models on tag-testbed, tag-cloud, dgx1x4
     python scripts/bench_families.py --cells resnet101-pd:v100-4x4 bert-large:tag-cloud --time 60
     python scripts/bench_families.py --pipedream-cases     # resnet101: DP as a pipeline, S=R=4 cuts
+    python scripts/bench_families.py --memory-cases        # DP as a pipeline: time and peak memory
 
 A cell is MODEL:CLUSTER; MODEL is a zoo name or ``resnet101-pd`` (PipeDream's resnet101 profile at batch
 1024, ``../shared/data/pipedream-profiles``), ``resnet101-pd64`` (the same at batch 64); CLUSTER is a
@@ -98,6 +99,29 @@ def pipedream_cases() -> list[dict]:
     return rows
 
 
+def memory_cases() -> list[dict]:
+    """The pure data-parallel plan (1 stage x 16) in the pipeline simulator against the DP-NCCL baseline
+    on v100-4x4: time and the largest device's peak memory in each."""
+    from tag.baselines import dp_nccl
+    from tag.exact import simulate_pipeline
+    from tag.exact.stage_graph import ForwardGraph, build_stage_graph
+    from tag.grouping import group_ops
+
+    cluster = resolve_cluster(str(EXAMPLES["v100-4x4"]))
+    rows = []
+    for name, batch in (("inception-v3", 2048), ("resnet101", 256), ("resnet50-pd", 256)):
+        graph = load_pipedream(PROFILES / "resnet50.graph.txt").with_batch_size(batch) if name == "resnet50-pd" \
+            else resolve_model(name, batch_size=batch)
+        fg = ForwardGraph.from_graph(graph, cluster.types)
+        sg = build_stage_graph(fg, [0] * fg.num_nodes, replicas=cluster.num_devices, micro_batches=1)
+        _, pipe = simulate_pipeline(sg, cluster, [list(range(cluster.num_devices))])
+        dp = dp_nccl(group_ops(graph, gpus=cluster), cluster)
+        rows.append({"model": name, "batch_size": batch, "pipeline_s": pipe.iteration_time,
+                     "pipeline_peak_bytes": float(pipe.peak_memory.max()), "dp_nccl_s": dp.iteration_time_s,
+                     "dp_nccl_peak_bytes": float(dp.peak_memory.max())})
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cells", nargs="+", metavar="MODEL:CLUSTER",
@@ -106,7 +130,17 @@ def main() -> None:
     parser.add_argument("--uniform", action="store_true", help="uniform priors for the placement search")
     parser.add_argument("--pipedream-cases", action="store_true",
                         help="only the resnet101 cases of PipeDream's profile (DP as a pipeline, S=R=4 cuts)")
+    parser.add_argument("--memory-cases", action="store_true",
+                        help="only the pure data-parallel plan's time and peak memory in both simulator paths")
     args = parser.parse_args()
+    if args.memory_cases:
+        rows = memory_cases()
+        for row in rows:
+            print(f"{row['model']:<13} batch {row['batch_size']:>5}: pipeline {row['pipeline_s'] * 1e3:.1f} ms, "
+                  f"{row['pipeline_peak_bytes'] / 2**30:.2f} GiB; DP-NCCL {row['dp_nccl_s'] * 1e3:.1f} ms, "
+                  f"{row['dp_nccl_peak_bytes'] / 2**30:.2f} GiB")
+        print(json.dumps({"bench": "families-memory", "rows": rows}))
+        return
     if args.pipedream_cases:
         rows = pipedream_cases()
         for row in rows:

@@ -11,9 +11,10 @@ linear DP and with Parmesan's DP (``--sequential``), run as sequential pipelines
 stage s sends to s + 1 only, passing other activations through), each scored by the same simulator;
 throughput = batch / simulated iteration time; search = planning wall time. For reference, the
 Parmesan plan with direct stage edges (``links="data"``: a stage DAG, though cut as a chain) is its
-own column. The graph planner also simulates the sequential chains and their stages as graphs; the
-kind column says which won: a graph of stages from GraphPipe's DP ("graphpipe"), a chain's stages run
-as a graph ("<partitioner>-graph") or a chain itself. The branch sweep traces CANDLE-Uno with k
+own column. The graph planner also simulates the sequential plans (PipeDream-style, Parmesan and RaNNC,
+with chain and with data stage edges) as they are and their stages as graphs; the kind column says
+which won: a graph of stages from GraphPipe's DP ("graphpipe"), a sequential plan as it is
+("<partitioner>:<links>") or its stages run as a graph ("<partitioner>:<links>-graph"). The branch sweep traces CANDLE-Uno with k
 branches on k GPUs (GraphPipe Fig. 7 left: 4, 8, 16 GPUs), or on ``--branch-devices`` GPUs.
 Single process. Prints tables and ends with one JSON line.
 """

@@ -20,13 +20,20 @@ of a graph pipeline finish their backward passes last — so a plan the DP ranks
 the tail shares add plans that keep those steps short, and plans are ranked by
 :func:`_iteration_estimate`, which puts each step after its stage's last backward pass. Every plan within
 ``slack`` of the best estimate is compiled and simulated, and the fastest feasible one is kept — the
-same "score candidates by simulation" rule as :func:`tag.exact.plan_pipeline`. A chain of stages is a
-series-parallel graph, so the sequential pipelines of :data:`SEQUENTIAL` (PipeDream-style and Parmesan
-DPs, through :func:`tag.exact.plan_pipeline`) are graph pipelines too: they are simulated in the same
-pass, with this module's orders, so the plan returned is never slower in simulation than they are
-(``info["chosen"]`` says which partitioner's plan won). Each runs twice: as the sequential pipeline it
-is (stage edges s → s + 1, ``links="chain"``, the runtime GraphPipe compares against), and as the graph
-pipeline of its stages (their data edges; chosen ``"<partitioner>-graph"``).
+same "score candidates by simulation" rule as :func:`tag.exact.plan_pipeline`.
+
+**Sequential plans are candidates.** A chain of stages is a series-parallel graph, so the sequential
+pipelines are graph pipelines too. The partitioners of :data:`SEQUENTIAL` (PipeDream-style, Parmesan,
+RaNNC) each run through :func:`tag.exact.plan_pipeline` with every stage-edge kind of
+:data:`SEQUENTIAL_LINKS` (``"chain"``: s → s + 1, the runtime GraphPipe compares against; ``"data"``: direct
+edges, the pipeline family's), and plans made elsewhere (``sequential_plans``: ``tag plan`` passes its
+pipeline family's, mapped by the exact mapper) join them. Each is a candidate twice: as it is (its own
+schedule, stage edges, mapping and simulated iteration, so the plan returned is never slower than any
+of them; its plan keeps the sequential partitioner's name, so a plan file replays it with its own
+schedule) and as the graph pipeline of its stages (their data edges under this module's orders).
+``info["chosen"]`` says which won: ``"graphpipe"``, ``"<partitioner>:<links>"`` or
+``"<partitioner>:<links>-graph"``. With ``time_limit_s`` every step stops at the limit (the frontier's
+bisection included) and the best plan found is returned.
 """
 
 from __future__ import annotations
