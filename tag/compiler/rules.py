@@ -79,6 +79,7 @@ class RawSkeletons(NamedTuple):
 _QUEUE = (("cat_class", "q"), ("cat_demand", "q"), ("categories", "q"), ("hold_device", "q"), ("hold_lo", "d"),
           ("hold_hi", "d"), ("holders", "q"), ("p_split", "b"), ("target_device", "q"), ("targets", "q"),
           ("c_split", "b"), ("c_device", "q"), ("c_lo", "d"), ("c_hi", "d"), ("c_devices", "q"), ("c_ps", "b"))
+_QUEUE_DTYPES = tuple((name, {"q": np.int64, "d": np.float64, "b": np.bool_}[code]) for name, code in _QUEUE)
 
 
 class SkeletonQueue:
@@ -123,8 +124,8 @@ class SkeletonQueue:
              coll0: int = 0) -> RawSkeletons:
         """:func:`make_skeletons` of the queued skeletons, in order (``beta`` [D, D]: the bandwidths that choose a
         whole copy's source; transfers, parts and collectives numbered from the offsets given)."""
-        dtypes = {"q": np.int64, "d": np.float64, "b": np.bool_}
-        inputs = tuple(np.frombuffer(self.columns[name], dtype=dtypes[code]) for name, code in _QUEUE)
+        columns = self.columns
+        inputs = tuple([np.frombuffer(columns[name], dtype=dtype) for name, dtype in _QUEUE_DTYPES])
         return RawSkeletons(*make_skeletons(inputs, beta, num_devices, transfer0, part0, coll0))
 
 

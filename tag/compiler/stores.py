@@ -59,7 +59,7 @@ class _Skeletons(_Columns):
         key, targets = skeleton_key(b, layout_p, layout_c, pieces_first)
         found = self.rows.get(key)
         if found is None:
-            found = self.rows[key] = self.size["skeleton"] + len(self.queue)
+            found = self.rows[key] = self.size["skeleton"] + len(self.queue.holders)
             self.queue.add(b, layout_p, layout_c, targets)
         return found
 
@@ -68,7 +68,7 @@ class _Skeletons(_Columns):
         store them, with the plans of their collectives (``context``'s rings, parameter servers and collective
         resources)."""
         queue = self.queue
-        if not len(queue):
+        if not queue.holders:
             return
         self.queue = SkeletonQueue()
         queued = queue.holders
