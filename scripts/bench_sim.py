@@ -3,6 +3,8 @@
     python scripts/bench_sim.py                      # BERT-Large, 60 groups, tag-testbed, 200 strategies
     python scripts/bench_sim.py --strategies 50 --profile
     python scripts/bench_sim.py --granularity group --workload mcts   # what a real MCTS search evaluates
+    git worktree add /tmp/tag-old COMMIT && python scripts/bench_sim.py --granularity group --workload mcts \
+        --against /tmp/tag-old                       # this compiler and COMMIT's side by side, in one process
 
 It measures :class:`tag.compiler.StrategyEvaluator` (what search calls, through
 :func:`tag.compiler.evaluate_strategy`), and for comparison the plain path it reproduces bit for bit,
@@ -29,6 +31,11 @@ workloads of one granularity share one :class:`tag.compiler.CompilerCache` (layo
 order given; the compile path runs with a fresh one, its caches cold.
 The evaluations run with the cyclic garbage collector's view of the setup frozen, as in a search
 (:func:`tag.search.frozen_gc`; ``--no-gc-freeze`` to leave it on every object).
+``--against DIR``: the tag.compiler of another checkout (a git worktree at an older commit) imported beside
+this one, each evaluator on its own cluster and grouping, every strategy of each workload evaluated by both in
+alternating order (which one goes first alternates between ``--against-reps`` repetitions), cold then warm,
+with the results checked equal: two processes measured one after the other disagree by far more than a
+change is worth on a shared machine. Only the compiler comes from DIR; the rest of tag is this checkout's.
 Single process, one thread. Prints a table, optionally the cProfile hot spots, and ends with one JSON line.
 """
 
@@ -37,10 +44,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import importlib
 import io
 import json
 import pstats
+import shutil
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -149,6 +161,59 @@ def load_kernels(group_graph, cluster_name: str, granularity: str, count: int = 
         evaluator(random_strategy(group_graph.num_groups, cluster, seed=10_000 + k))
 
 
+def load_against(root: str):
+    """tag.compiler of the checkout at ``root``, imported beside this one as package ``tag_compiler_against``
+    (a copy whose imports of tag.compiler are rewritten; numba compiles its kernels on first use)."""
+    source = Path(root) / "tag" / "compiler"
+    if not (source / "__init__.py").is_file():
+        raise SystemExit(f"bench_sim.py: error: --against {root!r} holds no tag/compiler package")
+    target = Path(tempfile.mkdtemp(prefix="bench_sim_")) / "tag_compiler_against"
+    shutil.copytree(source, target, ignore=shutil.ignore_patterns("__pycache__"))
+    for path in target.glob("*.py"):
+        text = path.read_text().replace("from tag.compiler import", "from tag_compiler_against import")
+        path.write_text(text.replace("tag.compiler.", "tag_compiler_against."))
+    sys.path.insert(0, str(target.parent))
+    return importlib.import_module("tag_compiler_against")
+
+
+def side_by_side(graph, num_groups: int, cluster_name: str, strategies: list[Strategy], granularity: str, against,
+                 reps: int) -> dict:
+    """Evaluations per CPU-second and per second, cold (fresh evaluators) then warm, of this compiler and
+    ``against``'s, each on its own cluster and grouping, strategy by strategy in alternating order (who goes
+    first alternates between the ``reps`` repetitions); raises if their results differ."""
+    def make(module):
+        cluster = resolve_cluster(cluster_name)
+        evaluator = module.StrategyEvaluator(group_ops(graph, num_groups=num_groups, gpus=cluster), cluster,
+                                             granularity=granularity, max_cached_tasks=30_000_000)
+        evaluator(Strategy.data_parallel(num_groups, cluster))  # the evaluator's tables, as the timed setup
+        return evaluator
+
+    modules = {"this": sys.modules["tag.compiler"], "against": against}
+    for module in modules.values():  # numba compiles or loads every kernel before any timing
+        warm_up = make(module)
+        for k in range(8):
+            warm_up(random_strategy(num_groups, warm_up.cluster, seed=10_000 + k))
+    spent = {(name, phase, clock): 0.0 for name in modules for phase in ("cold", "warm") for clock in ("wall", "cpu")}
+    for rep in range(reps):
+        order = list(modules) if rep % 2 == 0 else list(modules)[::-1]
+        evaluators = {name: make(modules[name]) for name in order}
+        with frozen_gc():
+            for phase in ("cold", "warm"):
+                for strategy in strategies:
+                    for name in order:
+                        t0, c0 = time.perf_counter(), time.process_time()
+                        evaluators[name](strategy)
+                        spent[(name, phase, "wall")] += time.perf_counter() - t0
+                        spent[(name, phase, "cpu")] += time.process_time() - c0
+        for strategy in strategies[:50]:
+            this, other = (evaluators[name](strategy, feedback=False) for name in modules)
+            if this.iteration_time != other.iteration_time or not np.array_equal(this.peak_memory, other.peak_memory):
+                raise SystemExit("bench_sim.py: error: --against gives other results than this compiler")
+    n = reps * len(strategies)
+    return {f"{name}_{phase}_evals_per_{'cpu_s' if clock == 'cpu' else 's'}": n / seconds
+            for (name, phase, clock), seconds in spent.items()}
+
+
 def hot_spots(group_graph, cluster, strategies, granularity: str, top: int = 14) -> str:
     evaluator = StrategyEvaluator(group_graph, cluster, granularity=granularity)
     evaluator(strategies[0])
@@ -181,13 +246,16 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true", help="print cProfile hot spots per granularity")
     parser.add_argument("--no-gc-freeze", dest="gc_freeze", action="store_false",
                         help="let the garbage collector scan the setup's objects during the runs")
+    parser.add_argument("--against", metavar="DIR", help="a checkout whose compiler runs side by side with this one")
+    parser.add_argument("--against-reps", type=int, default=4, help="repetitions of the side-by-side comparison")
     args = parser.parse_args()
-    for name in ("groups", "strategies", "mcts_simulations"):
+    for name in ("groups", "strategies", "mcts_simulations", "against_reps"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
     if args.compare < 0:
         parser.error(f"--compare must be 0 (skip the plain path) or more, got {args.compare}")
 
+    against = load_against(args.against) if args.against else None
     cluster = resolve_cluster(args.cluster)
     graph = resolve_model(args.model)
     t0 = time.perf_counter()
@@ -232,6 +300,9 @@ def main() -> None:
                    "dp_time_s": result.iteration_time}
             row.update(measure_compile_path(group_graph, args.cluster, strategies[:args.compare], granularity,
                                             feedback=args.feedback))
+            if against is not None:
+                row.update(side_by_side(graph, args.groups, args.cluster, strategies, granularity, against,
+                                        args.against_reps))
             rows.append(row)
     print(f"{args.model}: {graph.num_ops} ops -> {g} groups ({grouping_s:.2f} s), {cluster.name}: "
           f"{cluster.num_devices} devices, {args.strategies} strategies per synthetic workload, one process, "
@@ -248,6 +319,15 @@ def main() -> None:
               f"{r['new_group_fragments']:>6.1f}/{r['new_pair_fragments']:<5.1f}   "
               + (f"{r['compile_path_evals_per_s']:>40.1f}" if r["compile_path_evals_per_s"] is not None
                  else f"{'-':>40}"))
+    if against is not None:
+        print(f"\nside by side with {args.against}, {args.against_reps} repetitions, evaluations per CPU-second "
+              "(per second):")
+        print(f"{'granularity':<12}{'workload':<9}{'this cold':>20}{'against cold':>20}{'this warm':>20}"
+              f"{'against warm':>20}")
+        for r in rows:
+            cells = [f"{r[f'{who}_{phase}_evals_per_cpu_s']:.1f} ({r[f'{who}_{phase}_evals_per_s']:.1f})"
+                     for phase in ("cold", "warm") for who in ("this", "against")]
+            print(f"{r['granularity']:<12}{r['workload']:<9}" + "".join(f"{c:>20}" for c in cells))
     if args.profile:
         for granularity in args.granularity:
             print(f"\n--- hot spots, {granularity} granularity, search workload (first 100 strategies) ---")
@@ -257,6 +337,7 @@ def main() -> None:
             "mcts_recording_s": round(recording_s, 3)} if "mcts" in workloads else {}
     print(json.dumps({"model": args.model, "cluster": args.cluster, "groups": g, "devices": cluster.num_devices,
                       "strategies": args.strategies, "feedback": args.feedback, "gc_freeze": args.gc_freeze,
+                      "against": args.against,
                       **mcts, "results": results}))
 
 
