@@ -1,7 +1,7 @@
 """The simulator held against executed steps: plans for `local:2`, simulated with this host's profile, run.
 
     python scripts/check_fidelity.py [--models gpt2,candle-uno] [--steps 10] [--profile host.json]
-                                     [--comm per-plan|profile] [--json]
+                                     [--comm profile|per-plan] [--json]
 
 For each tiny zoo model (batch 8) the host is profiled first (every op at 2, 4 and 8 rows with one torch
 thread, what `tag run`'s executor adds per op in a rank process, gloo between two rank processes; or read
@@ -15,12 +15,13 @@ pipelining pays another), every instruction timed (:mod:`tag.profile.timeline`);
 over the steps after the first of the slowest rank, averaged over two runs of the plan one after the
 other, whose distance apart (``rerun``) is the floor the host's noise puts under any error.
 
-Communication: on a shared machine the time a blocked rank takes to wake up, which every transfer and
-collective of gloo pays, moves with the load by ten times within minutes. With ``--comm per-plan``
-(default) `tag profile`'s communication benchmark (:func:`tag.profile.comm.measure_comm`) runs in the same
-two processes just before each plan, and that plan is simulated on ``local:2`` with the point-to-point and
-all-reduce curves just measured (transfers priced by the first, collectives by the second:
-:class:`tag.cluster.presets.LocalCluster`); with ``--comm profile`` every plan uses the profile's curves.
+Communication: the plans are simulated on ``local:2`` with the profile's point-to-point curve for
+transfers and its all-reduce curve for collectives (:class:`tag.cluster.presets.LocalCluster`). On a shared
+machine the time a blocked rank takes to wake up, which every transfer and collective of gloo pays, moves
+with the load; ``--comm per-plan`` runs `tag profile`'s communication benchmark (a shorter one: fewer
+sizes) again in the same two processes just before each plan and simulates that plan with the curves just
+measured. On the loaded 2-core machine that did worse (its few rounds catch one of two modes of the
+host's wake-ups), so the profile's curves are the default.
 
 Where the simulator misses, the table says where, from the busiest rank's timeline against the simulated
 tasks of its device: the miss in compute (per op, measured instruction times against the profile's) and
@@ -225,7 +226,7 @@ def main() -> None:
     parser.add_argument("--models", default="gpt2,candle-uno", help="comma-separated tiny zoo models")
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--profile", default=None, help="read the host's profile here (measured and written if absent)")
-    parser.add_argument("--comm", choices=("per-plan", "profile"), default="per-plan",
+    parser.add_argument("--comm", choices=("profile", "per-plan"), default="profile",
                         help="the point-to-point curve each plan is simulated with (module docstring)")
     parser.add_argument("--json", action="store_true", help="print only the JSON line")
     args = parser.parse_args()
