@@ -51,11 +51,11 @@ from tag.exact.heuristics import cs_map, p2p_map
 from tag.exact.mapping import MappingProblem, choose_instantiation, max_stage_time, solve_mapping
 from tag.planners.learned_mapper import (DEFAULT_BACKTRACK_DIVES, FAST_BACKTRACK_DIVES, FAST_MAPPER_DISCREPANCIES,
                                          FAST_MAPPER_ITERATIONS, learned_mapping)
-from tag.policy.mapping import MappingPolicy, resolve_mapping_policy
+from tag.policy.mapping import MappingPolicy, load_mapping_policy, resolve_mapping_policy, shipped_mapping_checkpoint
 from tag.search import MappingEnv, mcts_search, uniform_mapping_evaluator
-from tag.training.mapper import HELD_OUT, stage_gpus, zoo_stage_graph
+from tag.training.mapper import stage_gpus, trained_families, zoo_stage_graph
 
-# tag.training.mapper's name of each family (its FAMILIES), for HELD_OUT
+# tag.training.mapper's name of each family (its FAMILIES), to tell which ones a checkpoint was trained on
 TRAINING_NAMES = {"tag-random": "hierarchical", "nvlink": "nvlink", "mixed-gen": "mixed-gen", "mesh": "2d mesh",
                   "torus": "2d torus", "random-blk-1": "random_blk_1", "random-blk-2": "random_blk_2",
                   "uniform-dist": "uniform_dist"}
@@ -65,9 +65,10 @@ LEARNED = ("learned", "learned fast") + CANDIDATES
 RATIO_DEVICES = 64  # where the fast setting should take a tenth of the exact mapper's time
 
 
-def held_out(family: str) -> bool:
-    """Whether the mapper's training left ``family`` out (tag.training.mapper.HELD_OUT)."""
-    return TRAINING_NAMES[family] in HELD_OUT
+def untrained(checkpoint: Path | None) -> list[str]:
+    """The families (tag.cluster.families' names) the checkpoint's policy was not trained on."""
+    meta = load_mapping_policy(checkpoint or shipped_mapping_checkpoint()).meta
+    return [f for f in FAMILIES if TRAINING_NAMES[f] not in trained_families(meta)]
 
 
 def problem_of(model: str, family: str, devices: int, stages: int, topology_seed: int) -> MappingProblem:
@@ -171,7 +172,7 @@ def time_ratio(rows: list[dict], devices: int = RATIO_DEVICES) -> dict:
     return out
 
 
-def markdown(rows: list[dict], args: argparse.Namespace) -> str:
+def markdown(rows: list[dict], args: argparse.Namespace, held_out: list[str]) -> str:
     summary, families, ratio = summarise(rows), by_family(rows), time_ratio(rows)
     mappers = mappers_of(rows)
     learned = [m for m in mappers if m in LEARNED]
@@ -193,12 +194,13 @@ def markdown(rows: list[dict], args: argparse.Namespace) -> str:
         lines.append(f"| {devices} | {row['proven']['count']}/{row['proven']['of']} | {gaps} | {seconds} |")
     counts = sorted({d for cells in families.values() for d in cells})
     lines += ["", f"Median gap per family and device count, over depths and topology seeds: "
-              f"{' / '.join(learned)} / exact (exact runs proven); * = a family the mapper was not trained on.", "",
+              f"{' / '.join(learned)} / exact (exact runs proven); * = a family the learned mapper's checkpoint "
+              "was not trained on.", "",
               "| family | " + " | ".join(str(d) for d in counts) + " |", "|" + "---|" * (1 + len(counts))]
     for family, cells in families.items():
         text = [" / ".join(f"{100 * cells[d][m]:.1f}%" for m in learned + ["exact"])
                 + f" ({cells[d]['proven']}/{cells[d]['of']})" if d in cells else "" for d in counts]
-        lines.append(f"| {family}{' *' if held_out(family) else ''} | " + " | ".join(text) + " |")
+        lines.append(f"| {family}{' *' if family in held_out else ''} | " + " | ".join(text) + " |")
     if ratio:
         lines += ["", f"At {ratio['devices']} devices, pooled over {ratio['instances']} problems (topology seeds "
                   f"{', '.join(map(str, ratio['seeds']))}): exact median {1000 * ratio['exact_median_time_s']:.3g} ms; "
@@ -293,7 +295,8 @@ def main() -> int:
             progress.advance(task)
     summary = summarise(rows)
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(args.out.with_suffix(".md"), markdown(rows, args))
+    held_out = untrained(args.policy)
+    atomic_write_text(args.out.with_suffix(".md"), markdown(rows, args, held_out))
     plots = plot(summary, args.out)
     if not args.json:
         mappers = mappers_of(rows)
@@ -306,14 +309,15 @@ def main() -> int:
             table.add_row(str(devices), f"{row['proven']['count']}/{row['proven']['of']}",
                           *(f"{100 * row[m]['median_gap']:.2f}% / {row[m]['median_time_s']:.3g} s" for m in mappers))
         Console().print(table)
-        Console().print("\n\n".join(markdown(rows, args).split("\n\n")[3:-1]), markup=False)  # per family, ratio
+        Console().print("\n\n".join(markdown(rows, args, held_out).split("\n\n")[3:-1]), markup=False)
         Console().print(f"wrote {args.out.with_suffix('.md')}, {', '.join(plots)}")
     print(json.dumps({"model": args.model, "time_limit_s": args.time_limit, "mcts_iterations": args.mcts_iterations,
                       "learned_iterations": args.learned_iterations,
                       "learned_discrepancies": args.learned_discrepancies, "backtrack_dives": args.backtrack_dives,
                       "topology_seeds": args.topology_seeds, "ratio_seeds": args.ratio_seeds,
                       "summary": {str(k): v for k, v in summary.items()},
-                      "by_family": by_family(rows), "time_ratio": time_ratio(rows), "instances": rows}))
+                      "by_family": by_family(rows), "held_out": held_out, "time_ratio": time_ratio(rows),
+                      "instances": rows}))
     return 0
 
 

@@ -64,7 +64,16 @@ def test_per_family_medians_and_the_pooled_time_ratio():
     assert ratio["instances"] == 6 and ratio["seeds"] == [0, 1]
     assert ratio["exact_median_time_s"] == 20.0 and ratio["learned fast"]["ratio"] == 10.0
     assert compare.time_ratio(_rows(), devices=64) == {}
-    assert compare.held_out("random-blk-2") and not compare.held_out("mesh")
+
+
+def test_families_a_checkpoint_was_not_trained_on_come_from_its_meta(tmp_path):
+    from tag.policy.mapping import MappingPolicy, MappingPolicyConfig, save_mapping_policy
+
+    policy = MappingPolicy(MappingPolicyConfig(hidden=8, heads=1, num_layers=1))
+    save_mapping_policy(tmp_path / "named.pt", policy, meta={"train_config": {"families": ["2d mesh", "nvlink"]}})
+    save_mapping_policy(tmp_path / "unnamed.pt", policy, meta={"train_config": {}})
+    assert compare.untrained(tmp_path / "named.pt") == [f for f in compare.FAMILIES if f not in ("mesh", "nvlink")]
+    assert compare.untrained(tmp_path / "unnamed.pt") == ["nvlink", "mixed-gen"]  # the Parmesan and TAG families
 
 
 def test_the_script_writes_its_report_and_ends_with_one_json_line(tmp_path):
@@ -76,8 +85,9 @@ def test_the_script_writes_its_report_and_ends_with_one_json_line(tmp_path):
     figures = json.loads(done.stdout.strip().splitlines()[-1])
     assert set(figures["summary"]["8"]) == set(compare.MAPPERS) | {"proven"}
     assert len(figures["instances"]) == 1 and set(figures["by_family"]) == {"torus"}
+    assert figures["held_out"] == compare.untrained(None)
     text = (tmp_path / "report.md").read_text()
-    assert "| learned fast gap |" in text and "| torus * |" not in text and "| torus |" in text
+    assert "| learned fast gap |" in text and "| torus |" in text
     assert (tmp_path / "report_gap.png").stat().st_size > 0 and (tmp_path / "report_time.png").stat().st_size > 0
 
 

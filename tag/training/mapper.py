@@ -62,13 +62,15 @@ from tag.policy.mapping import (
 from tag.training.errors import TrainingError
 
 __all__ = ["MapperTrainConfig", "MappingExample", "zoo_stage_graph", "sample_problem", "build_examples",
-           "train_mapper", "stage_gpus", "TRAIN_MODELS", "FAMILIES", "HELD_OUT", "TRAIN_FAMILIES", "GPU_TYPES"]
+           "train_mapper", "stage_gpus", "trained_families", "TRAIN_MODELS", "FAMILIES", "HELD_OUT", "TRAIN_FAMILIES", "GPU_TYPES"]
 
 TRAIN_MODELS = ("resnet101", "resnet152", "vgg19", "inception-v3", "transformer", "bert-small", "gpt2")
 FAMILIES = ("2d mesh", "2d torus", "random_blk_1", "random_blk_2", "uniform_dist", "hierarchical", "nvlink",
             "mixed-gen")
 HELD_OUT = ("random_blk_2",)  # not trained on by default: scripts/compare_mappers.py judges transfer on it
 TRAIN_FAMILIES = tuple(f for f in FAMILIES if f not in HELD_OUT)
+# what a checkpoint was trained on when its train_config names no families (the Parmesan and TAG families)
+UNNAMED_FAMILIES = FAMILIES[:6]
 _SIZED_FAMILIES = ("nvlink", "mixed-gen")  # drawn by tag.cluster.families at the instance's device count
 GPU_TYPES = ("v100-32gb", "1080ti", "p100")  # what TAG's random clusters draw from
 PARTITION_BANDWIDTH = 10e9  # bytes/s the partitioner prices boundary tensors at (the mapper sees the real links)
@@ -144,6 +146,11 @@ def _family_cluster(family: str, devices: int, rng: np.random.Generator, seed: i
         return family_cluster(family, seed, devices=devices)
     name = {"random_blk_1": "random-blk-1", "random_blk_2": "random-blk-2", "uniform_dist": "uniform-dist"}[family]
     return resolve_cluster(f"{name}:{devices},seed={seed}")
+
+
+def trained_families(meta: dict[str, Any]) -> tuple[str, ...]:
+    """The families a checkpoint's policy was trained on, from its ``meta`` (:func:`train_mapper`'s)."""
+    return tuple((meta.get("train_config") or {}).get("families") or UNNAMED_FAMILIES)
 
 
 def stage_gpus(cluster: Cluster) -> tuple[str, ...]:
