@@ -172,6 +172,7 @@ def simulated_breakdown(taskgraph, iteration_time: float, device: int) -> dict:
 
 
 def run_plans(program, profile: Profile, pool: WorkerPool, steps: int, per_plan_comm: bool) -> list[dict]:
+    """One row per plan of ``program``: simulated, measured twice, and both broken down (module docstring)."""
     cost = ProfiledCostModel(profile=profile)
     planning = local_cluster(2, profile=profile)
     graph = program.graph
@@ -203,6 +204,7 @@ def run_plans(program, profile: Profile, pool: WorkerPool, steps: int, per_plan_
         sim = simulated_breakdown(taskgraph, simulated, measured["rank"])
         rows.append({"model": program.name, "plan": name, "kind": kind, **measured, **sim,
                      "p2p_latency_s": p2p.latency_s, "p2p_bandwidth": p2p.bandwidth,
+                     # a whole all-reduce over the two processes: 2(n - 1) ring hops
                      "collective_latency_s": 2 * allreduce.latency_s, "collective_bandwidth": allreduce.bandwidth,
                      "load": round((load + os.getloadavg()[0]) / 2, 1)})
     return rows
