@@ -53,7 +53,9 @@ sending them, finishes), and every received tensor on its destination.
 
 A bundle's plan is its *skeleton* (which device sends which fraction of which category's bytes to which,
 what stays local, what a collective syncs; cached per category kinds and pair of layouts, so all the
-bundles of one kind share it) filled with the bundle's bytes. The search's evaluator
+bundles of one kind share it) filled with the bundle's bytes. The table's rules are written once, in
+:mod:`tag.compiler.rules`, whose kernel both this compiler (which keeps records of what it inserts,
+:mod:`tag.compiler.records`) and the search's evaluator read. The search's evaluator
 (:mod:`tag.compiler.evaluate`) compiles strategies as fragments (``_Compiler.group_fragment``, the
 skeletons, :func:`ring_allreduce_seconds`, :func:`ps_seconds` and :func:`collective_resources`) numbered so
 that assembling them gives this module's TaskGraph task for task.
@@ -673,7 +675,8 @@ class _Compiler:
     def _taskgraph(self, num_groups: int) -> TaskGraph:
         d, m = self.num_devices, self.cluster.num_machines
         links = sorted(self.links.items(), key=lambda item: item[1])
-        resource_kind = [RES_COMPUTE] * d + [RES_COMM] * d + [RES_NIC_OUT] * m + [RES_NIC_IN] * m + [RES_LINK] * len(links)
+        resource_kind = ([RES_COMPUTE] * d + [RES_COMM] * d + [RES_NIC_OUT] * m + [RES_NIC_IN] * m
+                         + [RES_LINK] * len(links))
         resource_a = list(range(d)) * 2 + list(range(m)) * 2 + [a for (a, _), _ in links]
         resource_b = [-1] * (2 * d + 2 * m) + [b for (_, b), _ in links]
         num_tasks = len(self.kind)

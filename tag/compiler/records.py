@@ -145,7 +145,8 @@ class CompiledPlan:
             fractions = set(np.round(layout.fraction, 4).tolist())
             shares = f"batch {fractions.pop():.3g} each" if len(fractions) == 1 else \
                 "batch " + ", ".join(f"{f:.3g}" for f in layout.fraction)
-            lines.append(f"  group {g:3d} {OPTIONS[layout.option]:>14s} on device(s) {_ranges(layout.devices)} ({shares})")
+            lines.append(f"  group {g:3d} {OPTIONS[layout.option]:>14s} on device(s) {_ranges(layout.devices)} "
+                         f"({shares})")
         lines += ["", f"inserted ops ({len(self.inserted)}):"]
         for op in self.inserted[:max_ops]:
             lines.append(f"  {op.op:<11s} {op.producer_group:3d} -> {op.group:3d} {format_bytes(op.nbytes):>10s} "
