@@ -317,6 +317,24 @@ def test_subset_renumbers():
         cluster.subset([1, 1])
 
 
+def test_a_local_clusters_measured_collectives_survive_subset_and_json():
+    from tag.cluster.presets import LocalCluster, local_cluster
+
+    cluster = local_cluster(4, bandwidth=2e9, latency=3e-5, collective_latency=4e-4, collective_bandwidth=1.5e9)
+    sub = cluster.subset([3, 1])
+    assert isinstance(sub, LocalCluster) and sub.num_devices == 2
+    assert (sub.collective_latency_s, sub.collective_bandwidth) == (4e-4, 1.5e9)
+    for kept in (cluster, sub):
+        back = Cluster.from_json(json.loads(json.dumps(kept.to_json(), allow_nan=False)))
+        assert isinstance(back, LocalCluster) and (back.collective_latency_s, back.collective_bandwidth) == (4e-4, 1.5e9)
+        assert back.to_json() == kept.to_json() and back.fingerprint() == kept.fingerprint()
+    unmeasured = local_cluster(2)
+    assert "collective_latency_s" not in unmeasured.to_json()
+    assert type(resolve_cluster("tag-testbed").subset([0, 1])) is Cluster
+    with pytest.raises(SchemaError, match="collective_bandwidth"):
+        Cluster.from_json({**cluster.to_json(), "collective_bandwidth": "fast"})
+
+
 def test_build_cluster_with_links():
     cluster = build_cluster("pair", [Machine("t4"), Machine("t4")], links=[Link(0, 1, 3 * GB, 1e-6)])
     assert cluster.bandwidth[0, 1] == 3 * GB and cluster.num_device_groups == 2

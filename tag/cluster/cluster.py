@@ -184,7 +184,7 @@ class Cluster:
         machines, first = np.unique(self.machine[ids], return_index=True)
         order = machines[np.argsort(first)]  # machines renumbered by first appearance
         renumber = {int(m): i for i, m in enumerate(order)}
-        return Cluster(
+        return type(self)(
             name=name or f"{self.name}-subset",
             types=tuple(self.types[t] for t in used_types),
             device_type=device_type,
@@ -192,7 +192,13 @@ class Cluster:
             bandwidth=self.bandwidth[np.ix_(ids, ids)].copy(),
             latency=self.latency[np.ix_(ids, ids)].copy(),
             nic_bandwidth=self.nic_bandwidth[order].copy(),
+            **self._measured(),
         )
+
+    def _measured(self) -> dict[str, Any]:
+        """A subclass's own fields, kept by :meth:`subset` and written by :meth:`to_json` (a profiled local
+        cluster's collective figures); none for a plain cluster."""
+        return {}
 
     def to_networkx(self) -> nx.Graph:
         """Complete graph over devices: node attributes gpu, machine, device_group, memory_bytes; edge
@@ -257,6 +263,7 @@ class Cluster:
             "nic_bandwidth": _encode(self.nic_bandwidth),
             "bandwidth": _encode(self.bandwidth),
             "latency": _encode(self.latency),
+            **{key: value for key, value in self._measured().items() if value is not None},
         }
 
     @classmethod
@@ -270,9 +277,14 @@ class Cluster:
         missing = [k for k in ("name", "types", "device_type", "machine", "bandwidth", "latency") if k not in data]
         if missing:
             raise SchemaError(f"cluster JSON lacks field(s) {', '.join(missing)}")
+        target, measured = cls, {}
+        if any(key in data for key in _LOCAL_FIELDS):  # a profiled local cluster (tag.cluster.presets)
+            from tag.cluster.presets import LocalCluster
+
+            target, measured = LocalCluster, {key: _optional_float(data.get(key), key) for key in _LOCAL_FIELDS}
         try:
             types = tuple(_type_from_json(t, i) for i, t in enumerate(data["types"]))
-            return cls(
+            return target(
                 name=data["name"],
                 types=types,
                 device_type=data["device_type"],
@@ -281,9 +293,21 @@ class Cluster:
                 latency=_decode(data["latency"], "latency"),
                 nic_bandwidth=None if data.get("nic_bandwidth") is None else _decode(data["nic_bandwidth"], "nic_bandwidth"),
                 device_group=data.get("device_group"),
+                **measured,
             )
         except (TypeError, ValueError, OverflowError) as exc:  # OverflowError: an id past 64 bits
             raise SchemaError(f"malformed cluster JSON: {exc}") from None
+
+
+_LOCAL_FIELDS = ("collective_latency_s", "collective_bandwidth")  # LocalCluster's measured collective figures
+
+
+def _optional_float(value: Any, field: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not np.isfinite(value) or value <= 0:
+        raise SchemaError(f"{field}: expected a positive number, got {value!r}")
+    return float(value)
 
 
 # --------------------------------------------------------------------------------------- routing

@@ -97,6 +97,9 @@ class LocalCluster(Cluster):
     collective_latency_s: float | None = None  # α per ring hop of the measured all-reduce
     collective_bandwidth: float | None = None  # β per ring hop, bytes/s
 
+    def _measured(self) -> dict[str, Any]:
+        return {"collective_latency_s": self.collective_latency_s, "collective_bandwidth": self.collective_bandwidth}
+
 
 def local_cluster(processes: int = 2, *, gpu: str = "cpu", profile: Any = None, bandwidth: float | None = None,
                   latency: float | None = None, collective_latency: float | None = None,
