@@ -177,7 +177,8 @@ def markdown(rows: list[dict], args: argparse.Namespace, held_out: list[str]) ->
     mappers = mappers_of(rows)
     learned = [m for m in mappers if m in LEARNED]
     seeds = ", ".join(map(str, args.topology_seeds))
-    extra = f" (and seeds {', '.join(map(str, args.ratio_seeds))} at {RATIO_DEVICES} devices)" if args.ratio_seeds else ""
+    extra = (f" (and seeds {', '.join(map(str, args.ratio_seeds))} at {RATIO_DEVICES} devices)"
+             if args.ratio_seeds else "")
     lines = [f"# Stage-to-device mappers: {args.model}, exact time limit {args.time_limit:g} s, learned "
              f"{args.backtrack_dives} backtracking dives + {_discrepancies(args)} discrepancy + "
              f"{args.learned_iterations} MCTS leaves, learned fast {FAST_BACKTRACK_DIVES} + "
@@ -223,7 +224,8 @@ def plot(summary: dict, out: Path) -> list[str]:
     devices = list(summary)
     mappers = [m for m in summary[devices[0]] if m != "proven"]
     paths = []
-    for key, label, name in (("median_gap", "median gap to bound", "gap"), ("median_time_s", "median time (s)", "time")):
+    for key, label, name in (("median_gap", "median gap to bound", "gap"),
+                             ("median_time_s", "median time (s)", "time")):
         fig, ax = plt.subplots(figsize=(5, 3.2))
         for mapper in mappers:
             values = [summary[d][mapper][key] * (100 if key == "median_gap" else 1) for d in devices]

@@ -132,7 +132,8 @@ def test_sized_draws_have_exactly_the_devices_asked_for(family, devices):
 def test_sized_families_keep_their_kind():
     from tag.cluster.families import squarest_grid
 
-    assert [squarest_grid(d) for d in (16, 32, 64, 128, 256, 13)] == [(4, 4), (4, 8), (8, 8), (8, 16), (16, 16), (1, 13)]
+    assert [squarest_grid(d) for d in (16, 32, 64, 128, 256, 13)] == [(4, 4), (4, 8), (8, 8), (8, 16), (16, 16),
+                                                                      (1, 13)]
     mesh, torus = family_cluster("mesh", 0, devices=64), family_cluster("torus", 0, devices=64)
     assert mesh.bandwidth[0, 63] < torus.bandwidth[0, 63]  # the corners of an 8x8 torus are 2 hops apart
     for seed in range(6):

@@ -144,3 +144,13 @@ def test_an_open_ring_closes_only_through_enough_free_devices_of_alternating_col
     assert not _ring_closes(ring, free, 0, 5, 5)  # not enough free devices
     free[2] = False
     assert not _ring_closes(ring, free, 0, 5, 2)  # 5-4-3 and 1-0 do not meet
+
+
+def test_a_width_below_one_is_refused():
+    from tag.policy.errors import PolicyError
+
+    problem = random_problem(np.random.default_rng(1), 6, 2, 3)
+    decoder, env = _search(problem, ALLREDUCE, 0)
+    for search in (backtrack, limited_discrepancy):
+        with pytest.raises(PolicyError, match="width"):
+            search(decoder, 1.0, lambda devices: 0.0, dives=5, width=0)

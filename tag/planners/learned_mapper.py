@@ -6,8 +6,8 @@ completion: the greedy decode, greedy decodes under rising thresholds of the sta
 backtracking search under a bisection of targets (:mod:`tag.policy.mapping.backtrack`: limited
 discrepancy search over the decoder's ranking, pruned by each slot's reach and the rings' regions), one
 pass of limited discrepancy search without a target (the runner-up device at each slot in turn), then
-MCTS with the decoder's priors. The decoder is built first (the slots' order is the problem's, :func:`search_order`) and handed to
-the environment as its fill.
+MCTS with the decoder's priors. The decoder is built first (the slots' order is the problem's,
+:func:`search_order`) and handed to the environment as its fill.
 """
 
 from __future__ import annotations
@@ -56,7 +56,8 @@ def learned_mapping(problem: MappingProblem, policy: MappingPolicy, *, instantia
     forward pass and the greedy decode; then up to THRESHOLD_STEPS greedy decodes under thresholds
     from the lower bound up (:func:`_threshold_pass`); then up to ``backtrack_dives`` greedy dives of
     a backtracking search under a bisection of targets (:func:`_backtrack_pass`); then up to
-    ``discrepancies`` one-discrepancy leaves (None: a whole pass, S·(R − 1 + RING_START_WIDTH) leaves at most; :func:`_discrepancy_pass`:
+    ``discrepancies`` one-discrepancy leaves (None: a whole pass, S·(R − 1 + RING_START_WIDTH) leaves at
+    most; :func:`_discrepancy_pass`:
     a runner-up device at one slot of the best map, the rest greedy under the best map's time); then up
     to ``iterations`` leaves of MCTS with the decoder's priors and greedy fill. ``time_limit_s`` caps
     all five steps; each stops once a map meets ``lower_bound`` (by default :func:`quick_lower_bound`:

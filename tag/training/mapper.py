@@ -62,7 +62,8 @@ from tag.policy.mapping import (
 from tag.training.errors import TrainingError
 
 __all__ = ["MapperTrainConfig", "MappingExample", "zoo_stage_graph", "sample_problem", "build_examples",
-           "train_mapper", "stage_gpus", "trained_families", "TRAIN_MODELS", "FAMILIES", "HELD_OUT", "TRAIN_FAMILIES", "GPU_TYPES"]
+           "train_mapper", "stage_gpus", "trained_families", "TRAIN_MODELS", "FAMILIES", "HELD_OUT", "TRAIN_FAMILIES",
+           "UNNAMED_FAMILIES", "GPU_TYPES"]
 
 TRAIN_MODELS = ("resnet101", "resnet152", "vgg19", "inception-v3", "transformer", "bert-small", "gpt2")
 FAMILIES = ("2d mesh", "2d torus", "random_blk_1", "random_blk_2", "uniform_dist", "hierarchical", "nvlink",

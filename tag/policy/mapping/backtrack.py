@@ -21,6 +21,7 @@ from typing import Callable, NamedTuple, Sequence
 import numpy as np
 
 from tag._compiled import jit as _jit
+from tag.policy.errors import PolicyError
 from tag.policy.mapping.decoder import MappingDecoder
 
 __all__ = ["BacktrackResult", "backtrack", "limited_discrepancy", "RingRegions"]
@@ -47,6 +48,7 @@ def backtrack(decoder: MappingDecoder, bound: float, evaluate: Callable[[Sequenc
     bound, or a complete map over the bound: the reach only bounds the time from below) backs up to the
     deepest frame with an untried device, in :meth:`MappingDecoder.ranked` order, at most ``width``
     devices per slot (None: all). Stops after ``dives`` dives or at ``deadline`` (perf_counter seconds)."""
+    _check_width(width)
     frames: list[tuple[list[int], int, list[int] | None]] = []  # (dive's devices, slot, untried devices or
     #     None until the search first backs into the frame); the frame's prefix is devices[:slot]
     prefix: list[int] = []
@@ -87,6 +89,11 @@ def backtrack(decoder: MappingDecoder, bound: float, evaluate: Callable[[Sequenc
         if prefix is None:
             return BacktrackResult(best, best_time, not pruned, count)
     return BacktrackResult(best, best_time, False, count)
+
+
+def _check_width(width: int | None) -> None:
+    if width is not None and (isinstance(width, bool) or not isinstance(width, int) or width < 1):
+        raise PolicyError(f"width must be a positive integer (devices tried per slot), got {width!r}")
 
 
 class RingRegions:
@@ -233,6 +240,7 @@ def limited_discrepancy(decoder: MappingDecoder, bound: float, evaluate: Callabl
     spends its dives on the last slots, this one revisits early choices (the region a ring took) as soon
     as late ones. Returns the first map within the bound, else the fastest complete map met;
     ``exhausted`` when every path was tried with no width left out."""
+    _check_width(width)
     regions = RingRegions(decoder, bound)
     state = {"dives": 0, "best": None, "time": math.inf, "pruned": False, "deeper": False}
 
