@@ -238,8 +238,10 @@ def limited_discrepancy(decoder: MappingDecoder, bound: float, evaluate: Callabl
     devices within the bound, earlier slots first), then at two, and so on; each path completed by a
     greedy dive and cut where it meets a dead end (:class:`RingRegions`). Where a chronological search
     spends its dives on the last slots, this one revisits early choices (the region a ring took) as soon
-    as late ones. Returns the first map within the bound, else the fastest complete map met;
-    ``exhausted`` when every path was tried with no width left out."""
+    as late ones. Once every path within the width is tried (the devices left out of it were the only
+    choices: a ring's first replica may need a device ranked lower), the width doubles and the search
+    starts over. Returns the first map within the bound, else the fastest complete map met;
+    ``exhausted`` when every path was tried with no device left out."""
     _check_width(width)
     regions = RingRegions(decoder, bound)
     state = {"dives": 0, "best": None, "time": math.inf, "pruned": False, "deeper": False}
@@ -281,12 +283,15 @@ def limited_discrepancy(decoder: MappingDecoder, bound: float, evaluate: Callabl
                     return False
         return False
 
-    for discrepancies in range(decoder.instance.num_slots + 1):
+    discrepancies = 0
+    while state["dives"] < dives and time.perf_counter() < deadline:
         state["deeper"] = False
         if search([], discrepancies):
             return BacktrackResult(state["best"], state["time"], False, state["dives"])
-        if state["dives"] >= dives or time.perf_counter() >= deadline:
-            break
-        if not state["deeper"]:  # no path had a choice left to vary: every path was tried
-            return BacktrackResult(state["best"], state["time"], not state["pruned"], state["dives"])
+        if state["deeper"]:
+            discrepancies += 1
+        elif not state["pruned"]:  # no path had a choice left to vary: every path was tried
+            return BacktrackResult(state["best"], state["time"], True, state["dives"])
+        else:  # every path within the width was tried: widen it and start over
+            width, discrepancies, state["pruned"] = 2 * width, 0, False
     return BacktrackResult(state["best"], state["time"], False, state["dives"])
