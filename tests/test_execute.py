@@ -288,3 +288,55 @@ def test_sufficient_factor_broadcasting_runs_and_replaces_all_reduces(pool):
     count = lambda r, kind: sum((c[1] == "transfer") == (kind == "transfer") for c in r.communication)  # noqa: E731
     assert count(result, "collective") < count(plain, "collective")
     assert count(result, "transfer") > count(plain, "transfer") == 0
+
+
+def _program(rank: int, steps: list):
+    from tag.execute.lower import RankProgram
+
+    return RankProgram(rank, 2, {}, {}, steps, [], {})
+
+
+def _item(op: int):
+    from tag.execute.lower import Item
+
+    return Item(op, op, "full", ((0, (2,), "torch.float32", 0, 0),))
+
+
+def test_a_rank_waiting_on_a_message_sent_after_its_own_wait_is_a_deadlock():
+    from tag.execute.fuse import deadlock_free
+    from tag.execute.lower import Compute, Recv, Send
+
+    crossed = [_program(0, [Recv(1, 1, (_item(1),)), Send(0, 1, (_item(0),))]),
+               _program(1, [Recv(0, 0, (_item(0),)), Send(1, 0, (_item(1),))])]
+    assert not deadlock_free(crossed)
+    ordered = [_program(0, [Send(0, 1, (_item(0),)), Recv(1, 1, (_item(1),))]),
+               _program(1, [Recv(0, 0, (_item(0),)), Compute(5, 1, {}), Send(1, 0, (_item(1),))])]
+    assert deadlock_free(ordered)
+
+
+def test_a_fusion_that_would_deadlock_is_not_made_and_a_safe_one_is():
+    """Rank 0 sends t0, waits for t1 from rank 1, sends t2; rank 1 receives t0, sends t1, receives t2. Fusing
+    t0 and t2 would move t0 after rank 0's wait for t1, which rank 1 sends only after receiving t0."""
+    from tag.execute.fuse import fuse_transfers
+    from tag.execute.lower import Compute, Recv, Send
+
+    programs = [_program(0, [Send(0, 1, (_item(0),)), Recv(1, 1, (_item(1),)), Send(2, 1, (_item(2),))]),
+                _program(1, [Recv(0, 0, (_item(0),)), Send(1, 0, (_item(1),)), Recv(2, 0, (_item(2),))])]
+    assert fuse_transfers(programs, {0: "m0", 2: "m0"}) is programs
+    safe = [_program(0, [Send(0, 1, (_item(0),)), Compute(7, 1, {}), Send(2, 1, (_item(2),))]),
+            _program(1, [Recv(0, 0, (_item(0),)), Compute(8, 1, {}), Recv(2, 0, (_item(2),))])]
+    fused = fuse_transfers(safe, {0: "m0", 2: "m0"})
+    assert fused[0].steps == [Compute(7, 1, {}), Send(0, 1, (_item(0), _item(2)), 1)]  # sent when both are ready
+    assert fused[1].steps == [Recv(0, 0, (_item(0), _item(2)), 1), Compute(8, 1, {})]  # where the first arrived
+
+
+def test_a_message_packs_tensors_of_any_dtype_and_shape():
+    from tag.execute.runtime import _pack, _packed_size, _unpack
+
+    tensors = [torch.arange(6, dtype=torch.float32).reshape(2, 3), torch.tensor([True, False, True]),
+               torch.tensor(7, dtype=torch.int64), torch.zeros(0, 4), torch.arange(5, dtype=torch.float16)]
+    specs = [(tuple(t.shape), t.dtype) for t in tensors]
+    flat = _pack(tensors)
+    assert flat.dtype == torch.uint8 and flat.numel() == _packed_size(specs) == 24 + 8 + 8 + 0 + 16
+    for sent, got in zip(tensors, _unpack(flat.clone(), specs)):
+        assert got.dtype == sent.dtype and got.shape == sent.shape and torch.equal(got, sent)

@@ -15,6 +15,8 @@ from tag.cluster import resolve_cluster
 from tag.exact import plan_pipeline
 from tag.exact.schedules import stage_order
 from tag.execute import ExecutionError, lower_pipeline, run_pipeline, zoo_program
+from tag.execute.fuse import deadlock_free
+from tag.execute.lower import Send
 from tag.execute.pipeline import choose_runtime, pipeline_view
 from tag.execute.torch_pipeline import stage_jobs, torch_pipeline_reason
 from tag.graphpipe import plan_graph_pipeline
@@ -150,6 +152,10 @@ def test_what_torch_pipelining_cannot_run_goes_to_tags_runtime(uno):
     assert "equal micro-batches" in torch_pipeline_reason(odd, pipeline_view(odd, chain, toy_cluster(2)), "parmesan")
 
 
+def executed_messages(lowered) -> list:
+    return [c for p in lowered.programs for c in p.communication() if c[1] == "transfer"]
+
+
 def test_executed_transfers_are_the_simulated_ones(uno):
     """Activation rows forward and their gradients back, once per micro-batch and stage edge: the same
     count and bytes as the pipeline simulator's transfer tasks."""
@@ -157,9 +163,67 @@ def test_executed_transfers_are_the_simulated_ones(uno):
     plan, record = sequential(uno, cluster, stages=2, replicas=1, micro_batches=2)
     tg = plan.taskgraph
     simulated = tg.kind == TASK_TRANSFER
-    executed = [c for p in lower_pipeline(uno, record, cluster).programs for c in p.communication()]
+    executed = executed_messages(lower_pipeline(uno, record, cluster))
     assert len(executed) == int(simulated.sum()) == 4
     assert sum(c[3] for c in executed) == pytest.approx(float(tg.nbytes[simulated].sum()))
+
+
+def test_what_crosses_a_cut_for_one_micro_batch_is_one_message(gpt2):
+    """gpt2's stage cut carries more than the activation: the causal mask and the tied embedding forward,
+    the embedding's gradient partial back beside the activation's gradient. Fused per micro-batch and
+    direction, the forward and backward messages are the simulator's transfer tasks; one more message, the
+    tied embedding's optimizer values from stage 1 to stage 0, crosses after the backward pass (the
+    pipeline simulator has no optimizer transfers)."""
+    from tag.graph.opgraph import ROLE_OPTIMIZER
+
+    cluster = toy_cluster(2)
+    plan, record = sequential(gpt2, cluster, stages=2, replicas=1, micro_batches=2)
+    simulated = int((plan.taskgraph.kind == TASK_TRANSFER).sum())
+    fused, unfused = lower_pipeline(gpt2, record, cluster), lower_pipeline(gpt2, record, cluster, fuse=False)
+    n = gpt2.graph.num_ops
+    optimizer = {s.task for p in fused.programs for s in p.steps if isinstance(s, Send)
+                 and all(gpt2.graph.role[item.op % n] == ROLE_OPTIMIZER for item in s.items)}
+    executed = executed_messages(fused)
+    assert simulated == 4 and len(optimizer) == 1
+    assert len([c for c in executed if c[0] not in optimizer]) == simulated
+    assert len(executed_messages(unfused)) == 10  # every tensor on its own
+    assert sum(c[3] for c in executed) == sum(c[3] for c in executed_messages(unfused))  # the same bytes
+    assert sum(c[4] for c in executed) == sum(c[4] for c in executed_messages(unfused))
+
+
+def _plans_the_tests_run(uno, gpt2):
+    toy4 = resolve_cluster("examples/toy4.yaml")
+    graph_plan = plan_graph_pipeline(uno.graph, toy4, micro_batches=2)
+    sg = graph_plan.stage_graph
+    yield uno, toy4, make_pipeline_plan(uno.graph, toy4, partitioner="graphpipe", schedule="1f1b", micro_batches=2,
+                                        replicas=sg.replicas.tolist(),
+                                        reference_gpu=sg.gpu_types[sg.reference_type].name,
+                                        forward_assignment=sg.forward_assignment, mapping=graph_plan.mapping,
+                                        links=sg.info.get("links", "data"))
+    for schedule in ("1f1b", "gpipe"):
+        yield uno, toy_cluster(2), sequential(uno, toy_cluster(2), stages=2, replicas=1, micro_batches=4,
+                                              schedule=schedule)[1]
+        yield gpt2, toy_cluster(2), sequential(gpt2, toy_cluster(2), stages=2, replicas=1, micro_batches=4,
+                                               schedule=schedule)[1]
+    yield gpt2, toy_cluster(4), sequential(gpt2, toy_cluster(4), stages=2, replicas=2, micro_batches=2)[1]
+    yield uno, toy_cluster(3), sequential(uno, toy_cluster(3), stages=2, replicas=1, micro_batches=2,
+                                          replica_counts=[1, 2], mapping=[[0], [1, 2]])[1]
+
+
+def test_fused_programs_of_every_tested_plan_run_to_the_end(uno, gpt2):
+    """Every rank's instruction list played against the others (a send never waits, a receive waits for
+    its message, a collective for all its members) gets through the step, fused as unfused; fusion sends
+    no more messages and the same tensors."""
+    fewer = 0
+    for program, cluster, record in _plans_the_tests_run(uno, gpt2):
+        fused, unfused = lower_pipeline(program, record, cluster), lower_pipeline(program, record, cluster, fuse=False)
+        assert deadlock_free(unfused.programs) and deadlock_free(fused.programs)
+        assert sum(c[4] for c in executed_messages(fused)) == sum(c[4] for c in executed_messages(unfused))
+        assert len(executed_messages(fused)) <= len(executed_messages(unfused))
+        fewer += len(executed_messages(fused)) < len(executed_messages(unfused))
+        tags = [(p.rank, s.dst, s.tag) for p in fused.programs for s in p.steps if isinstance(s, Send)]
+        assert len(set(tags)) == len(tags) or not any(tag for *_, tag in tags)  # tagged, or sent in order
+    assert fewer >= 3
 
 
 def test_too_many_micro_batches_for_the_batch_is_one_clear_error(uno):

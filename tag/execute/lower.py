@@ -96,15 +96,19 @@ class Item(NamedTuple):
 
 
 class Send(NamedTuple):
+    """One message to rank ``dst``: its items' tensors (several packed into one buffer by the runtime)."""
+
     task: int
     dst: int
     items: tuple
+    tag: int = 0  # the message's tag: 0 matches messages in the order sent (tag.execute.fuse gives others)
 
 
 class Recv(NamedTuple):
     task: int
     src: int
     items: tuple
+    tag: int = 0
 
 
 class Local(NamedTuple):

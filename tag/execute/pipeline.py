@@ -24,6 +24,11 @@ compute of micro-batch m's forward pass of stage s at the start time of action `
 timing with the stages' forward and backward times; transfers and collectives as soon as their inputs
 are done; the optimizer last). GPipe, 1F1B and GraphPipe's static per-stage orders all run this way;
 graph pipelines and unequal replica counts need nothing else.
+
+**Messages.** What one rank sends a peer for one micro-batch and phase (forward, backward, optimizer) goes
+as one message, as the pipeline simulator's transfer tasks model it: a stage cut's activation rows with a
+mask or a tied weight read beside them, an activation's gradient with a tied weight's gradient partial
+(:func:`tag.execute.fuse.fuse_transfers`, which proves the fused programs deadlock-free).
 """
 
 from __future__ import annotations
@@ -40,12 +45,13 @@ from tag.compiler.compile import CompiledPlan, compile_strategy
 from tag.exact.schedules import BACKWARD, FORWARD, Action, stage_orders, unit_time_schedule
 from tag.exact.pipeline import stored_stage_graph
 from tag.exact.stage_graph import StageGraph
+from tag.execute.fuse import fuse_transfers
 from tag.execute.launch import DEFAULT_TIMEOUT_S, WorkerPool, launch
 from tag.execute.lower import (Alias, Carry, Compute, ExecutionError, Item, Local, RankProgram, Recv, Reduce, Send,
                                lower_plan)
 from tag.execute.program import SHAPE_ONLY_KINDS, Program, batch_statistics
 from tag.execute.run import RunResult, allowed_coupling, combine_values, compare_steps, reference_steps
-from tag.graph.opgraph import ROLE_BACKWARD, ROLE_OPTIMIZER
+from tag.graph.opgraph import ROLE_BACKWARD, ROLE_FORWARD, ROLE_INPUT, ROLE_OPTIMIZER
 from tag.grouping import GroupGraph
 from tag.sim import TASK_COLLECTIVE
 from tag.strategy import ALLREDUCE, Strategy
@@ -58,6 +64,9 @@ __all__ = ["Slot", "PipelineView", "pipeline_view", "virtual_placement", "stage_
 RUNTIMES = ("auto", "torch", "tag")  # which runtime runs a pipeline plan (run_pipeline)
 GRAPHPIPE = "graphpipe"  # the partitioner name of graph pipeline plans: stage orders from tag.graphpipe
 _VIRTUAL_BANDWIDTH = 1e10  # bytes/s between virtual devices; the lowering reads no time
+# A transfer's phase, from its producers' roles: a message carries one micro-batch's tensors of one phase
+# (a tied weight, an input, goes with the forward activations that first need it).
+_PHASE = {ROLE_INPUT: 0, ROLE_FORWARD: 0, ROLE_BACKWARD: 1, ROLE_OPTIMIZER: 2}
 
 
 class Slot(NamedTuple):
@@ -299,8 +308,10 @@ def _per_slot(programs: list[RankProgram], batch: int) -> set[int]:
 
 
 def fold_slots(virtual: list[RankProgram], compiled: CompiledPlan, slots: list[Slot], order: np.ndarray,
-               world: int, batch: int) -> list[RankProgram]:
-    """One program per real rank from the virtual devices' programs (module docstring)."""
+               world: int, batch: int, *, fuse: bool = True) -> list[RankProgram]:
+    """One program per real rank from the virtual devices' programs (module docstring). ``fuse``: what one
+    rank sends a peer for one micro-batch and phase (forward, backward, optimizer) travels as one message
+    (:func:`tag.execute.fuse.fuse_transfers`)."""
     ids = _Ids(len(compiled.op_unit),
                int(compiled.tables.use_producer.size), _per_slot(virtual, batch))
     position = np.full(compiled.taskgraph.num_tasks, -1, dtype=np.int64)
@@ -321,6 +332,8 @@ def fold_slots(virtual: list[RankProgram], compiled: CompiledPlan, slots: list[S
     computed: set[tuple[int, int]] = set()
     reduced: set[tuple[int, int]] = set()
     delivered: dict[tuple, int] = {}
+    keys: dict[int, tuple] = {}  # transfer task -> (phase, micro-batch): its message (fuse_transfers)
+    role = compiled.group_graph.op_graph.role
     for _, v, _, step in timeline:
         rank, m = slots[v].rank, slots[v].slot
         if isinstance(step, Compute):
@@ -335,6 +348,7 @@ def fold_slots(virtual: list[RankProgram], compiled: CompiledPlan, slots: list[S
             ranks[rank].steps.append(Compute(vop, step.batch, reads, step.scale_out))
         elif isinstance(step, Send):  # both ends at once: the Recv of the same task is left out below
             _fold_transfer(step, rank, m, slots[step.dst], ids, ranks, delivered)
+            keys[step.task] = (max(_PHASE[int(role[item.op])] for item in step.items), slots[step.dst].slot)
         elif isinstance(step, Reduce) and (step.task, rank) not in reduced:
             reduced.add((step.task, rank))
             ranks[rank].steps.append(_fold_reduce(step, rank, slots, ids))
@@ -342,7 +356,7 @@ def fold_slots(virtual: list[RankProgram], compiled: CompiledPlan, slots: list[S
     groups = sorted({s.members for r in ranks for s in r.steps if isinstance(s, Reduce) and len(s.members) > 1})
     for r in ranks:
         r.groups = groups
-    return ranks
+    return fuse_transfers(ranks, keys) if fuse else ranks
 
 
 def _fold_transfer(step: Send, rank: int, m: int, to: Slot, ids: _Ids, ranks: list[RankProgram],
@@ -456,8 +470,9 @@ def _describe(graph, op: int) -> str:
 
 
 def lower_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *,
-                   allow_batch_coupled: bool = False) -> LoweredPipeline:
-    """Pipeline plan ``plan`` as one program per device of ``cluster`` (module docstring)."""
+                   allow_batch_coupled: bool = False, fuse: bool = True) -> LoweredPipeline:
+    """Pipeline plan ``plan`` as one program per device of ``cluster`` (module docstring); ``fuse``: one
+    message per micro-batch, phase and pair of ranks (:func:`fold_slots`)."""
     view = pipeline_view(program, plan, cluster)
     placed = virtual_placement(program, view)
     compiled = compile_strategy(placed.group_graph, placed.strategy, placed.cluster, granularity="op")
@@ -465,7 +480,7 @@ def lower_pipeline(program: Program, plan: PipelinePlanFile, cluster: Cluster, *
     coupled = allowed_coupling(program, compiled, allow_batch_coupled)
     order = schedule_order(compiled, program, view, placed.slots)
     virtual = lower_plan(program, compiled, order)
-    programs = fold_slots(virtual, compiled, placed.slots, order, cluster.num_devices, program.batch_size)
+    programs = fold_slots(virtual, compiled, placed.slots, order, cluster.num_devices, program.batch_size, fuse=fuse)
     return LoweredPipeline(view, placed, compiled, virtual, programs, coupled, _per_slot(virtual, program.batch_size))
 
 

@@ -240,20 +240,23 @@ class RankRuntime:
         return out
 
     def _send(self, s: Send) -> list:
-        works = []
-        for item in s.items:
-            for tensor in self._payload(item):
-                works.append(dist.isend(tensor, s.dst))
-        return works
+        """One isend per message: a lone tensor as it is, several packed into one byte buffer (:func:`_pack`)."""
+        tensors = [tensor for item in s.items for tensor in self._payload(item)]
+        message = tensors[0] if len(tensors) == 1 else _pack(tensors)
+        return [dist.isend(message, s.dst, tag=s.tag)]
 
     def _recv(self, r: Recv) -> None:
+        specs = [(tuple(shape), _dtype(dtype)) for item in r.items for _, shape, dtype, _, _ in item.outs]
+        if len(specs) == 1:
+            buffer = torch.empty(specs[0][0], dtype=specs[0][1], device=self.device)
+            dist.recv(buffer, r.src, tag=r.tag)
+            tensors = iter([buffer])
+        else:
+            buffer = torch.empty(_packed_size(specs), dtype=torch.uint8, device=self.device)
+            dist.recv(buffer, r.src, tag=r.tag)
+            tensors = iter(_unpack(buffer, specs))
         for item in r.items:
-            tensors = {}
-            for k, shape, dtype, _, _ in item.outs:
-                buffer = torch.empty(shape, dtype=_dtype(dtype), device=self.device)
-                dist.recv(buffer, r.src)
-                tensors[k] = buffer
-            self._store(item, tensors)
+            self._store(item, {k: next(tensors) for k, *_ in item.outs})
 
     def _store(self, item, tensors: dict) -> None:
         """File what arrived for one transfer item in its use's inbox."""
@@ -288,6 +291,41 @@ class RankRuntime:
             result = {k: (t if group is not None else t.clone()) for (k, *_), t in zip(outs, row)}
             for q in uses:
                 self.inbox.setdefault(q, _Inbox()).result = result
+
+
+_ALIGN = 8  # bytes: every packed tensor starts at a multiple, so that its bytes can be viewed as its dtype
+
+
+def _padded(nbytes: int) -> int:
+    return -(-nbytes // _ALIGN) * _ALIGN
+
+
+def _packed_size(specs: list[tuple[tuple, torch.dtype]]) -> int:
+    """Bytes of the buffer that packs tensors of ``specs`` [(shape, dtype)]."""
+    return sum(_padded(int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size())
+               for shape, dtype in specs)
+
+
+def _pack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """Contiguous tensors of any dtypes as one uint8 buffer, each at an aligned offset."""
+    flat = torch.empty(_packed_size([(t.shape, t.dtype) for t in tensors]), dtype=torch.uint8,
+                       device=tensors[0].device)
+    at = 0
+    for t in tensors:
+        raw = t.reshape(-1).view(torch.uint8)
+        flat[at:at + raw.numel()].copy_(raw)
+        at += _padded(raw.numel())
+    return flat
+
+
+def _unpack(flat: torch.Tensor, specs: list[tuple[tuple, torch.dtype]]) -> list[torch.Tensor]:
+    """The tensors :func:`_pack` packed, as views of ``flat``."""
+    out, at = [], 0
+    for shape, dtype in specs:
+        nbytes = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        out.append(flat[at:at + nbytes].view(dtype).view(shape))
+        at += _padded(nbytes)
+    return out
 
 
 def _add(parts: list[torch.Tensor]) -> torch.Tensor:
