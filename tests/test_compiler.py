@@ -1277,3 +1277,21 @@ def test_without_numba_the_evaluator_still_matches_compile_strategy(without_numb
                   "        b = simulate_fast(compile_strategy(gg, s, cluster, granularity=gran).taskgraph)\n"
                   "        assert np.array_equal(a.start, b.start) and np.array_equal(a.finish, b.finish)\n"
                   "        assert np.array_equal(a.peak_memory, b.peak_memory)\n")
+
+
+def test_communication_costs_by_hand():
+    """The costs both compilers time inserted ops with (tag.compiler.costs), against hand-computed figures."""
+    from tag.compiler.costs import ps_seconds, ring_allreduce_seconds, transfer_seconds
+
+    assert transfer_seconds(3, 1e-5, 1e9, 2e9) == pytest.approx(3e-5 + 2.0)
+    assert transfer_seconds(3, 1e-5, 1e9, 0.0) == 0.0  # nothing moved: no latency either
+    # 4 devices, 3 GB in 2 tensors: 2·3/4 · 3 s + 2 · 2·3 · 10 µs
+    assert ring_allreduce_seconds(4, 1e9, 1e-5, 3e9, 2) == pytest.approx(4.5 + 1.2e-4)
+    assert ring_allreduce_seconds(4, 1e9, 1e-5, 0.0, 2) == 0.0
+    # two servers (latency, summed inverse bandwidth) behind one unused first slot; uses 0 and 2 of bytes 1e9
+    # and 3e9, round robin from consumer group 1: use 0 (sync index 0) on server (1 + 0) % 2 = 1, use 2 (sync
+    # index 1) on server 0; each pushed and pulled: 2 (α + S · Σ1/β)
+    latency, inverse = np.array([9.0, 1e-3, 2e-3]), np.array([9.0, 1e-9, 2e-9])
+    uses, sync_index, use_bytes = np.array([0, 2]), np.array([0, 5, 1]), np.array([1e9, 7.0, 3e9])
+    expected = 2 * (2e-3 + 1e9 * 2e-9) + 2 * (1e-3 + 3e9 * 1e-9)
+    assert ps_seconds(latency, inverse, 1, 2, 1, uses, 0, 2, sync_index, use_bytes) == pytest.approx(expected)

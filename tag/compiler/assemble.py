@@ -11,7 +11,7 @@ from tag._compiled import jit
 from tag.sim.taskgraph import RES_LINK, TASK_COMPUTE
 from tag.compiler.arena import (_COMPACT, _DEP0, _DEPS, _EARLY, _IN_SEGMENT, _READ0, _READS, _REPLICAS, _RES,
                                 _RES0, _SEGMENT_SHIFT, _TASK0, _TASKS, _TEN0, _TENS)
-from tag.compiler.fragments import _replica_rows
+from tag.compiler.rows import _replica_rows, compute_seconds
 
 class _Assembled(NamedTuple):
     """Global columns of one strategy's TaskGraph (T tasks, N tensors, K tensor reads, E dependencies); ids
@@ -49,8 +49,8 @@ def _assemble(fragments, arena, compact, units, lagged, link_base, num_devices):
     pair_fragment [P], pair_p [P], pair_c [P]: the pairs' groups). ``arena``: the arena's columns
     (:data:`~tag.compiler.arena._ARENA_COLUMNS`; lags read only when ``lagged``). ``compact``: (device, fraction)
     of compact fragments' replicas, whose rows are computed here as
-    :func:`~tag.compiler.layout.unit_durations` computes its durations and the compiler its output bytes, and
-    :func:`~tag.compiler.fragments._replica_rows` lists its rows, from ``units``: (device_type [D],
+    :func:`~tag.compiler.rows.compute_seconds` gives its durations and
+    :func:`~tag.compiler.rows._replica_rows` lists its rows, from ``units``: (device_type [D],
     unit_ptr [G+1], unit_ids, unit_rank, unit_time_fixed [U, T], unit_time_scaled [U, T], unit_out_rows [U],
     unit_out_fixed [U], local_ptr [G+1], local_src, local_dst, local_dep, persistent [G])."""
     meta, group_order, group_fragment, pair_fragment, pair_p, pair_c = fragments
@@ -167,8 +167,8 @@ def _write_tasks(meta, used, task_base, num_groups, group_order, pair_c, tasks, 
                 unit = unit_ids[i]
                 for k in range(first_replica, first_replica + r):
                     device = c_device[k]
-                    duration[t] = (unit_time_fixed[unit, device_type[device]]
-                                   + unit_time_scaled[unit, device_type[device]] * c_fraction[k])
+                    duration[t] = compute_seconds(unit_time_fixed, unit_time_scaled, unit, device_type[device],
+                                                  c_fraction[k])
                     kind[t] = TASK_COMPUTE
                     group[t] = g
                     res_ptr[t] = h
@@ -205,7 +205,7 @@ def _write_references(meta, used, task_base, tensor_base, tensors, arena, compac
     """(dep_task, dep_on, dep_lag, tensor_device, tensor_bytes, tensor_producer, alloc_lag, free_lag,
     tensor_persistent, read_tensor, read_task, read_lag) of the assembly (:func:`_assemble`): each fragment's
     references placed by their segment's base; a compact fragment's rows listed by
-    :func:`~tag.compiler.fragments._replica_rows`. Lags only where chunks are merged (``lagged``; otherwise
+    :func:`~tag.compiler.rows._replica_rows`. Lags only where chunks are merged (``lagged``; otherwise
     empty: every dependency and tensor is ordinary)."""
     (_, _, _, _, a_dep_task, a_dep_on, a_dep_lag, a_tensor_device, a_tensor_bytes, a_tensor_producer, a_alloc_lag,
      a_free_lag, a_tensor_persistent, a_read_tensor, a_read_task, a_read_lag) = arena

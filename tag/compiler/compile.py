@@ -57,8 +57,8 @@ bundles of one kind share it) filled with the bundle's bytes. The table's rules 
 :mod:`tag.compiler.rules`, whose kernel both this compiler (which keeps records of what it inserts,
 :mod:`tag.compiler.records`) and the search's evaluator read. The search's evaluator
 (:mod:`tag.compiler.evaluate`) compiles strategies as fragments (``_Compiler.group_fragment``, the
-skeletons, :func:`ring_allreduce_seconds`, :func:`ps_seconds` and :func:`collective_resources`) numbered so
-that assembling them gives this module's TaskGraph task for task.
+skeletons, the costs of :mod:`tag.compiler.costs` and :func:`collective_resources`) numbered so that
+assembling them gives this module's TaskGraph task for task.
 """
 
 from __future__ import annotations
@@ -88,8 +88,10 @@ from tag.sim import (
 from tag.strategy import OPTIONS, Strategy, device_group_sizes
 from tag.compiler.errors import CompileError
 from tag.compiler.cache import CompilerCache, cluster_context, compiler_tables
-from tag.compiler.layout import ClusterContext, GroupLayout, compute_block, group_layout
+from tag.compiler.costs import ps_seconds, ring_allreduce_seconds, transfer_seconds
+from tag.compiler.layout import ClusterContext, GroupLayout, group_layout
 from tag.compiler.records import CompiledPlan, Delivery, InsertedOp, _BundlePlan, _Skeleton, _where, skeleton_record
+from tag.compiler.rows import replica_block
 from tag.compiler.rules import SkeletonQueue, skeleton_key
 from tag.compiler.tables import (
     GRANULARITIES,
@@ -221,9 +223,6 @@ class _Compiler:
         op_unit = self._op_unit(range(num_groups))
         for g in tables.group_order.tolist():
             self._compute_tasks(g)
-        for g in tables.group_order.tolist():
-            if not mp[g]:
-                self._local_dependencies(g)
         if len(context.plans) > _MAX_CACHED_PLANS:  # a long search: start over rather than grow without bound
             context.plans.clear()
         self.dynamic_bundles([(p, c) for p, c in tables.pair_uses if mp[p] or mp[c]], op_unit, mp)  # at once
@@ -247,8 +246,6 @@ class _Compiler:
         self.layouts = {g: layout}
         self._compute_tasks(g)
         blocks = (dict(self.unit_tasks), dict(self.unit_tensor), len(self.kind), len(self.tensor_device))
-        if not layout.model_parallel:
-            self._local_dependencies(g)
         self._persistent_memory([g])
         return blocks
 
@@ -317,9 +314,12 @@ class _Compiler:
 
     # ------------------------------------------------------------------ compute tasks
     def _replica_tasks(self, g: int) -> None:
+        """A replicated group's compute tasks, their output tensors and the dependencies and reads among its
+        units, from the rows the evaluator's fragments are made of (:func:`~tag.compiler.rows.replica_block`)."""
         layout = self.layouts[g]
-        durations, devices, labels, out = compute_block(self.tables, self.context, layout)
-        base = len(self.kind)
+        (durations, devices, labels, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, read_tensor,
+         read_task, tensor_first) = replica_block(self.tables, self.context, layout)
+        base, tensor_base = len(self.kind), len(self.tensor_device)
         n = len(durations)
         self.kind.extend([TASK_COMPUTE] * n)
         self.duration.extend(durations)
@@ -330,18 +330,20 @@ class _Compiler:
         self.group.extend([g] * n)
         self.res.extend(self.context.compute_resources[d] for d in devices)
         self.labels.extend(labels)
+        self.tensor_device.extend(tensor_device)
+        self.tensor_bytes.extend(tensor_bytes)
+        self.tensor_producer.extend((tensor_producer + base).tolist())
+        self.tensor_persistent.extend([False] * len(tensor_device))
+        self.dep_task.extend((dep_task + base).tolist())
+        self.dep_on.extend((dep_on + base).tolist())
+        self.read_tensor.extend((read_tensor + tensor_base).tolist())
+        self.read_task.extend((read_task + base).tolist())
         r = len(layout.devices)
         offset = self.context.offsets(layout.devices)
-        unit_tasks, unit_tensor = self.unit_tasks, self.unit_tensor
         for k, unit in enumerate(self.tables.group_units[g].tolist()):
-            start = base + k * r
-            unit_tasks[unit] = (start, offset)
-            if out[k * r] > 0:  # a unit outputs on every replica or on none
-                unit_tensor[unit] = len(self.tensor_device)
-                self.tensor_device.extend(layout.devices)
-                self.tensor_bytes.extend(out[k * r:(k + 1) * r])
-                self.tensor_producer.extend(range(start, start + r))
-        self.tensor_persistent.extend([False] * (len(self.tensor_device) - len(self.tensor_persistent)))
+            self.unit_tasks[unit] = (base + k * r, offset)
+            if tensor_first[k] >= 0:
+                self.unit_tensor[unit] = tensor_base + tensor_first[k]
 
     def _model_parallel_tasks(self, g: int) -> None:
         tables, layout = self.tables, self.layouts[g]
@@ -353,21 +355,6 @@ class _Compiler:
             out = piece.out_rows + piece.out_fixed
             if out > 0:
                 self.unit_tensor[unit] = self._tensor(piece.device, out, task)
-
-    def _local_dependencies(self, g: int) -> None:
-        """Units of one replicated group that read each other's outputs, on every replica."""
-        unit_tasks, unit_tensor, succ = self.unit_tasks, self.unit_tensor, self.tables.unit_local_succ
-        r = len(self.layouts[g].devices)
-        for unit in self.tables.group_units[g].tolist():
-            start = unit_tasks[unit][0]
-            tensor = unit_tensor.get(unit)
-            for later in succ[unit]:
-                first = unit_tasks[later][0]
-                self.dep_task.extend(range(first, first + r))
-                self.dep_on.extend(range(start, start + r))
-                if tensor is not None:
-                    self.read_tensor.extend(range(tensor, tensor + r))
-                    self.read_task.extend(range(first, first + r))
 
     # ------------------------------------------------------------------ bundles
     def _plan_bundle(self, b: Bundle, layout_p: GroupLayout, layout_c: GroupLayout) -> _BundlePlan:
@@ -383,7 +370,7 @@ class _Compiler:
             for k, factor in rest:
                 nbytes += b.nbytes[k] * factor
             count = sum(b.count[k] for k in counted)
-            duration = count * alpha[s][e] + nbytes / beta[s][e] if nbytes > 0 else 0.0
+            duration = transfer_seconds(count, alpha[s][e], beta[s][e], nbytes)
             transfers.append((s, e, stage, nbytes, count, duration,
                               tuple((item[0], b.uses[item[1]]) + item[2:] for item in items)))
         collectives = tuple(self._collective_plan(op, b, skeleton.holders, b.nbytes[k], b.count[k], b.uses[k])
@@ -576,9 +563,7 @@ class _Compiler:
         def close(devices: tuple[int, ...]) -> None:
             bucket = open_buckets.pop(devices)
             total = sum(r.nbytes for r in bucket)
-            n = len(devices)
-            bandwidth, latency = self.context.ring(devices)
-            duration = 2.0 * (n - 1) / n * total / bandwidth + 2.0 * (n - 1) * latency if total > 0 else 0.0
+            duration = ring_allreduce_seconds(len(devices), *self.context.ring(devices), total, 1)
             groups = sorted({r.record[1] for r in bucket})
             reason = (f"Horovod fusion bucket of {len(bucket)} all-reduce(s) ({sum(len(r.uses) for r in bucket)} "
                       f"tensors) for groups {groups}")
@@ -732,30 +717,10 @@ def collective_duration(context: ClusterContext, op: str, holders: tuple[int, ..
         return ring_allreduce_seconds(n, *context.ring(holders), nbytes, count), ()
     sync_index = context.tables.use_sync_index
     chosen = [holders[(consumer_group + int(sync_index[q])) % n] for q in uses]
-    servers = [context.server(holders, ps) for ps in holders]
-    duration = ps_seconds(servers, consumer_group, uses, sync_index, context.tables.use_bytes)
+    latency, inverse = np.array([context.server(holders, ps) for ps in holders]).T.copy()
+    duration = ps_seconds(latency, inverse, 0, n, consumer_group, np.array(uses, dtype=np.int64), 0, len(uses),
+                          sync_index, context.tables.use_bytes)
     return duration, tuple(sorted(set(chosen)))
-
-
-def ring_allreduce_seconds(n: int, bandwidth: float, latency: float, nbytes: float, count: int) -> float:
-    """Seconds of a ring all-reduce of ``nbytes`` in ``count`` tensors over ``n`` devices whose ring has the
-    slowest hop ``bandwidth`` and the largest hop ``latency`` (:meth:`ClusterContext.ring`)."""
-    return 2.0 * (n - 1) / n * nbytes / bandwidth + count * 2.0 * (n - 1) * latency if nbytes > 0 else 0.0
-
-
-def ps_seconds(servers: Sequence[tuple[float, float]], consumer_group: int, uses: tuple[int, ...],
-               sync_index: Sequence[int], use_bytes: Sequence[float]) -> float:
-    """Seconds of a PS push + pull of the uses ``uses`` over the devices whose ``servers[j]`` is
-    :meth:`ClusterContext.server` of the j-th as the server: each parameter's server chosen round robin
-    (``sync_index``), each push and pull at its server's latency and summed inverse bandwidths."""
-    n = len(servers)
-    duration = 0.0
-    for q in uses:
-        latency, inverse = servers[(consumer_group + int(sync_index[q])) % n]
-        size = float(use_bytes[q])
-        if size > 0:
-            duration += 2.0 * (latency + size * inverse)
-    return duration
 
 
 def collective_resources(context: ClusterContext, devices: tuple[int, ...]) -> tuple[int, ...]:

@@ -14,7 +14,9 @@ groups' layouts:
 The modules of this path, one concern each:
 
 - :mod:`tag.compiler.rules`: the insertion rules (bundle skeletons), shared with ``compile_strategy``;
-- :mod:`tag.compiler.fragments`: kernels that build a replicated group's rows and the pairs' own tasks;
+- :mod:`tag.compiler.rows`: a replicated group's rows, shared with ``compile_strategy``;
+- :mod:`tag.compiler.costs`: what a transfer, an all-reduce and a PS sync cost, shared with ``compile_strategy``;
+- :mod:`tag.compiler.fragments`: the kernel that builds the pairs' own tasks;
 - :mod:`tag.compiler.stores`: what the pair kernel reads, stored once (skeletons, bundles, blocks);
 - :mod:`tag.compiler.arena`: where fragments live, references relative to the fragment;
 - :mod:`tag.compiler.lookup`: group keys, previous-call and template look-ups;
@@ -74,8 +76,9 @@ from tag.compiler.assemble import _assemble, _Assembled, _resource_columns
 from tag.compiler.cache import CompilerCache, cluster_context, compiler_tables
 from tag.compiler.compile import ADAM_COPIES, _Compiler
 from tag.compiler.errors import CompileError
-from tag.compiler.fragments import _pair_fragments, _replica_fragments
-from tag.compiler.layout import ClusterContext, GroupLayout, group_layouts, unit_durations
+from tag.compiler.fragments import _pair_fragments
+from tag.compiler.layout import ClusterContext, GroupLayout, group_layouts
+from tag.compiler.rows import _replica_fragments, unit_rows
 from tag.compiler.lookup import (_changed_look_up, _group_keys, _implied_edges, _interned, _pair_look_up,
                                  _template_look_up)
 from tag.compiler.stores import _BlockStore, _BundleStore, _GroupBlock, _PairBundles, _Skeletons
@@ -167,33 +170,20 @@ class StrategyEvaluator:
     def _unit_arrays(self) -> None:
         """What the kernels read of each group's units: their positions, output ranks, the pairs of them that
         read each other (with the dependencies a longer path implies left out) and the persistent bytes."""
-        self._unit_position = np.zeros(self.tables.num_units, dtype=np.int64)  # [U] index among its group's units
-        for units in self.tables.group_units:
-            self._unit_position[units] = np.arange(units.size)
-        # per group, for _replica_fragments: its units (CSR), the pairs of its units that read each other's
-        # outputs (CSR of src -> dst unit indices, _local_pairs' order), its persistent bytes on each replica
-        self._unit_ptr, self._unit_ids = csr_from_lists(self.tables.group_units)  # [G+1], [units]
-        # [units, in _unit_ids' order] rank of each unit among its group's units that output (a unit outputs on
-        # every replica or on none: its batch-scaled or its fixed bytes are non-zero), -1 for the others
-        outputs = (self.tables.unit_out_rows[self._unit_ids] > 0) | (self.tables.unit_out_fixed[self._unit_ids] > 0)
-        self._unit_rank = np.full(self._unit_ids.size, -1, dtype=np.int64)
-        for begin, end in zip(self._unit_ptr[:-1].tolist(), self._unit_ptr[1:].tolist()):
-            self._unit_rank[begin:end][outputs[begin:end]] = np.arange(int(outputs[begin:end].sum()))
-        local = [self._local_pairs(g) for g in range(self.group_graph.num_groups)]
-        self._local_ptr = np.zeros(self.group_graph.num_groups + 1, dtype=np.int64)  # [G+1]
-        np.cumsum([src.size for src, _ in local], out=self._local_ptr[1:])
-        self._local_src = np.concatenate([src for src, _ in local] + [np.zeros(0, dtype=np.int64)])
-        self._local_dst = np.concatenate([dst for _, dst in local] + [np.zeros(0, dtype=np.int64)])
+        rows = self._unit_rows = unit_rows(self.tables, self.context)
+        self._unit_position, self._unit_ptr, self._unit_ids, self._unit_rank = rows[:4]
+        self._local_ptr, self._local_src, self._local_dst = rows.local_ptr, rows.local_src, rows.local_dst
         # [L] whether each pair's dependency is written: one that a longer path of the group's units implies
         # (a -> b -> c implies a -> c, per replica) changes no start time (c's release is the latest finish of
         # its predecessors, and b finishes no earlier than a) and feeds no feedback (compute to compute), so it
         # is left out where dependencies are ordinary; merged chunks (lags) keep every one
         self._local_dep = np.ones(self._local_src.size, dtype=np.bool_)
         if not self._merging:
-            for g, (src, dst) in enumerate(local):
-                begin = self._local_ptr[g]
+            for g in range(self.group_graph.num_groups):
+                begin, end = self._local_ptr[g], self._local_ptr[g + 1]
                 units = int(self._unit_ptr[g + 1] - self._unit_ptr[g])
-                self._local_dep[begin:begin + src.size] = ~_implied_edges(units, src, dst)
+                self._local_dep[begin:end] = ~_implied_edges(units, self._local_src[begin:end],
+                                                             self._local_dst[begin:end])
         self._persistent = ADAM_COPIES * np.asarray(self.tables.group_param_bytes, dtype=np.float64)  # [G]
         self._unit_columns = (self.context.type_array, self._unit_ptr, self._unit_ids, self._unit_rank,
                               self.tables.unit_time_fixed, self.tables.unit_time_scaled, self.tables.unit_out_rows,
@@ -421,11 +411,11 @@ class StrategyEvaluator:
         device_ptr, device_list = csr_from_lists([layout.devices for layout in layouts])
         fractions = np.fromiter(chain.from_iterable(layout.fraction for layout in layouts), dtype=np.float64,
                                 count=device_ptr[-1])
-        (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
-         read_task, tensor_first, index, counts) = _replica_fragments(
+        (res, duration, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent,
+         read_tensor, read_task, tensor_first, index, counts) = _replica_fragments(
             groups, device_ptr, device_list, fractions, self._unit_ptr, self._unit_ids, self._unit_rank,
             self.tables.unit_out_rows, self.tables.unit_out_fixed, self._local_ptr, self._local_src, self._local_dst,
-            self._local_dep, self._persistent, self.cluster.num_devices, self._merging)
+            self._local_dep, self._persistent, self.cluster.num_devices, self._merging, self._unit_rows.times)
         ends = np.cumsum(counts[:, :5], axis=0)
         units = self._unit_ptr[groups + 1] - self._unit_ptr[groups]  # [F]
         replicas = np.diff(device_ptr)
@@ -447,9 +437,7 @@ class StrategyEvaluator:
             first = self._arena.add_compact(groups, replicas, device_list, fractions, counts[:, :5])
             self._layout_of += layouts
             return list(range(first, first + len(layouts)))
-        rows = {"duration": np.concatenate([unit_durations(self.tables, self.context, layout).reshape(-1)
-                                            for layout in layouts]),
-                "kind": TASK_COMPUTE, "nres": 1, "res": res,
+        rows = {"duration": duration, "kind": TASK_COMPUTE, "nres": 1, "res": res,
                 "dep_task": dep_task, "dep_on": dep_on, "tensor_device": tensor_device,
                 "tensor_bytes": tensor_bytes, "tensor_producer": tensor_producer,
                 "tensor_persistent": tensor_persistent, "read_tensor": read_tensor, "read_task": read_task}
@@ -534,13 +522,6 @@ class StrategyEvaluator:
             read_task=new_ref[read_task], read_lag=end_lag[read_task],
         )
         return rows, blocks
-
-    def _local_pairs(self, group: int) -> tuple[np.ndarray, np.ndarray]:
-        """(src [L], dst [L]) indices among the group's units of units reading each other's outputs (read once,
-        into the CSR that _replica_fragments takes)."""
-        position, succ = self._unit_position, self.tables.unit_local_succ
-        pairs = [(position[u], position[v]) for u in self.tables.group_units[group].tolist() for v in succ[u]]
-        return np.array([a for a, _ in pairs], dtype=np.int64), np.array([b for _, b in pairs], dtype=np.int64)
 
     def _compile_pairs(self, fragment_p: np.ndarray, fragment_c: np.ndarray, prepared: list[tuple]) -> list[int]:
         """The pair fragments of M pairs of group fragments (P's ``fragment_p`` [M], C's ``fragment_c`` [M]), from

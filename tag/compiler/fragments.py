@@ -1,6 +1,6 @@
-"""The search's fragments as compiled kernels: a replicated group's rows, and the own tasks of pair fragments
-(transfers and collectives with their dependencies, tensors and reads), numbered as ``compile_strategy``
-numbers them (:mod:`tag.compiler.evaluate`)."""
+"""The search's pair fragments as a compiled kernel: their own tasks (transfers and collectives with their
+dependencies, tensors and reads), numbered as ``compile_strategy`` numbers them (:mod:`tag.compiler.evaluate`;
+a replicated group's rows: :mod:`tag.compiler.rows`)."""
 
 from __future__ import annotations
 
@@ -8,125 +8,7 @@ import numpy as np
 
 from tag._compiled import jit
 from tag.sim.taskgraph import TASK_COLLECTIVE, TASK_TRANSFER
-
-@jit
-def _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank, unit_out_rows, unit_out_fixed,
-                  local_ptr, local_src, local_dst, local_dep, persistent, task_base, tensor_base, dep_task, dep_on,
-                  read_tensor, read_task, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, e, q, n):
-    """Write the rows of group ``g`` replicated on the R = ``r`` devices ``devices[first:first + r]`` with batch
-    fractions ``fractions[first:first + r]``, as ``_Compiler.group_fragment`` lists them: its tasks are
-    unit-major then replica (unit u's replica j is task ``task_base + u * r + j``, on the j-th device); every
-    pair of its units that read each other (``local_src -> local_dst``, CSR ``local_ptr``, unit indices) adds
-    a dependency per replica where ``local_dep`` says so, at ``e``, and a read per replica where the source
-    outputs, at ``q``; each unit that outputs (``unit_rank`` >= 0: its rank among them) has a tensor per
-    replica, numbered in unit order from ``tensor_base`` and written at ``n``, of the layout's bytes
-    (batch-scaled bytes times the fraction, plus the fixed ones); then, if the group has persistent bytes, one
-    persistent tensor per device. Returns the next (e, q, n)."""
-    first_unit = unit_ptr[g]
-    for i in range(local_ptr[g], local_ptr[g + 1]):
-        if not local_dep[i]:
-            continue
-        for j in range(r):
-            dep_task[e] = task_base + local_dst[i] * r + j
-            dep_on[e] = task_base + local_src[i] * r + j
-            e += 1
-    for i in range(local_ptr[g], local_ptr[g + 1]):
-        rank = unit_rank[first_unit + local_src[i]]
-        if rank >= 0:
-            for j in range(r):
-                read_tensor[q] = tensor_base + rank * r + j
-                read_task[q] = task_base + local_dst[i] * r + j
-                q += 1
-    for u in range(unit_ptr[g + 1] - first_unit):
-        if unit_rank[first_unit + u] >= 0:
-            unit = unit_ids[first_unit + u]
-            for j in range(r):
-                tensor_device[n] = devices[first + j]
-                tensor_bytes[n] = unit_out_rows[unit] * fractions[first + j] + unit_out_fixed[unit]
-                tensor_producer[n] = task_base + u * r + j
-                tensor_persistent[n] = False
-                n += 1
-    if persistent[g] > 0:
-        for j in range(r):
-            tensor_device[n] = devices[first + j]
-            tensor_bytes[n] = persistent[g]
-            tensor_producer[n] = -1
-            tensor_persistent[n] = True
-            n += 1
-    return e, q, n
-
-
-@jit
-def _replica_fragments(groups, device_ptr, devices, fractions, unit_ptr, unit_ids, unit_rank, unit_out_rows,
-                       unit_out_fixed, local_ptr, local_src, local_dst, local_dep, persistent, num_devices, rows):
-    """The group fragments of F replicated layouts, one after another: layout f is group ``groups[f]`` on the
-    R devices ``devices[device_ptr[f]:device_ptr[f + 1]]`` with batch fractions ``fractions`` (the same
-    slice), its rows as :func:`_replica_rows` writes them, references relative to the fragment. Returns
-    (res [tasks]: each task's device, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer,
-    tensor_persistent, read_tensor, read_task, tensor_first (each unit's first output tensor, -1; units of
-    layout f after the earlier layouts'), index [F, D] (replica of each device, -1), counts [F, 6]: tasks,
-    resources, dependencies, tensors, reads and output tensors of each fragment). Without ``rows`` (compact
-    fragments: :func:`_assemble` writes them) the resource, dependency, tensor and read columns are empty and
-    only the counts, the units' first output tensors and the index are taken."""
-    f_count = groups.size
-    counts = np.zeros((f_count, 6), dtype=np.int64)
-    units_total = 0
-    for f in range(f_count):
-        g = groups[f]
-        r = device_ptr[f + 1] - device_ptr[f]
-        units = unit_ptr[g + 1] - unit_ptr[g]
-        outputs = 0
-        for u in range(unit_ptr[g], unit_ptr[g + 1]):
-            outputs += unit_rank[u] >= 0
-        reads = 0
-        deps = 0
-        for i in range(local_ptr[g], local_ptr[g + 1]):
-            reads += unit_rank[unit_ptr[g] + local_src[i]] >= 0
-            deps += local_dep[i]
-        counts[f, 0] = counts[f, 1] = units * r
-        counts[f, 2] = deps * r
-        counts[f, 3] = (outputs + (persistent[g] > 0)) * r
-        counts[f, 4] = reads * r
-        counts[f, 5] = outputs * r
-        units_total += units
-    totals = counts.sum(axis=0) if rows else np.zeros(6, dtype=np.int64)
-    res = np.empty(totals[0], dtype=np.int64)
-    dep_task = np.empty(totals[2], dtype=np.int64)
-    dep_on = np.empty(totals[2], dtype=np.int64)
-    tensor_device = np.empty(totals[3], dtype=np.int64)
-    tensor_bytes = np.empty(totals[3])
-    tensor_producer = np.empty(totals[3], dtype=np.int64)
-    tensor_persistent = np.zeros(totals[3], dtype=np.bool_)
-    read_tensor = np.empty(totals[4], dtype=np.int64)
-    read_task = np.empty(totals[4], dtype=np.int64)
-    tensor_first = np.empty(units_total, dtype=np.int64)
-    index = np.full((f_count, num_devices), -1, dtype=np.int64)
-    t = 0
-    w = 0  # into tensor_first
-    e = q = n = 0
-    for f in range(f_count):
-        g = groups[f]
-        first = device_ptr[f]
-        r = device_ptr[f + 1] - first
-        units = unit_ptr[g + 1] - unit_ptr[g]
-        for k in range(r):
-            index[f, devices[first + k]] = k
-        for u in range(units):
-            if rows:
-                for k in range(r):
-                    res[t + u * r + k] = devices[first + k]
-            rank = unit_rank[unit_ptr[g] + u]
-            tensor_first[w + u] = rank * r if rank >= 0 else -1
-        if rows:
-            e, q, n = _replica_rows(g, r, devices, fractions, first, unit_ptr, unit_ids, unit_rank, unit_out_rows,
-                                    unit_out_fixed, local_ptr, local_src, local_dst, local_dep, persistent, 0, 0,
-                                    dep_task, dep_on, read_tensor, read_task, tensor_device, tensor_bytes,
-                                    tensor_producer, tensor_persistent, e, q, n)
-        t += units * r
-        w += units
-    return (res, dep_task, dep_on, tensor_device, tensor_bytes, tensor_producer, tensor_persistent, read_tensor,
-            read_task, tensor_first, index, counts)
-
+from tag.compiler.costs import ps_seconds, ring_allreduce_seconds, transfer_seconds
 
 # Longer than ~80 lines for a reason: the hot loop of a cold evaluation (every new pair's transfers and collectives
 # with their waits). Split into steps (sizes, transfers, collectives; even inlined) it ran 10-20% slower, its
@@ -232,7 +114,7 @@ def _pair_fragments(pairs, bundles, list_rows, skeletons, blocks, costs):
                 count = 0  # a message per tensor of each category counted (the parts')
                 for k in range(tr_first_part[i], tr_first_part[i] + tr_parts[i]):
                     count += category_count[c0 + part_category[k]]
-                duration[t] = count * alpha[src, dst] + nbytes / beta[src, dst] if nbytes > 0 else 0.0
+                duration[t] = transfer_seconds(count, alpha[src, dst], beta[src, dst], nbytes)
                 kind[t] = TASK_TRANSFER
                 nres[t] = 1
                 if nic_out[src, dst] >= 0:
@@ -301,20 +183,13 @@ def _pair_fragments(pairs, bundles, list_rows, skeletons, blocks, costs):
             for j in range(sk_coll_first[sk], sk_coll_first[sk] + sk_colls[sk]):
                 category = bundle_category[b] + coll_category[j]
                 task = own_task + t
-                if coll_ps[j]:  # ps_seconds: each use's push and pull at its server
-                    seconds = 0.0
-                    for u in range(category_use_first[category], category_use_end[category]):
-                        use = category_use[u]
-                        server = h0 + (consumer_group[m] + use_sync_index[use]) % holders
-                        size = use_bytes[use]
-                        if size > 0:
-                            seconds += 2.0 * (server_latency[server] + size * server_inverse[server])
-                    duration[t] = seconds
-                else:  # ring_allreduce_seconds
-                    nbytes = category_bytes[category]
-                    duration[t] = (2.0 * (holders - 1) / holders * nbytes / sk_ring_bandwidth[sk]
-                                   + category_count[category] * 2.0 * (holders - 1) * sk_ring_latency[sk]
-                                   if nbytes > 0 else 0.0)
+                if coll_ps[j]:
+                    duration[t] = ps_seconds(server_latency, server_inverse, h0, holders, consumer_group[m],
+                                             category_use, category_use_first[category],
+                                             category_use_end[category], use_sync_index, use_bytes)
+                else:
+                    duration[t] = ring_allreduce_seconds(holders, sk_ring_bandwidth[sk], sk_ring_latency[sk],
+                                                         category_bytes[category], category_count[category])
                 kind[t] = TASK_COLLECTIVE
                 nres[t] = sk_helds[sk]
                 for k in range(sk_held_first[sk], sk_held_first[sk] + sk_helds[sk]):

@@ -18,7 +18,7 @@ between two devices inside one role), that unit's ops become pieces of their own
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -30,8 +30,7 @@ from tag.grouping.metis import GroupSplitter
 from tag.strategy import MODEL_PARALLEL, SYNC_OPTIONS, Strategy
 from tag.compiler.tables import CompilerTables
 
-__all__ = ["GroupLayout", "Piece", "ClusterContext", "make_context", "compute_block", "group_layout",
-           "group_layouts", "unit_durations"]
+__all__ = ["GroupLayout", "Piece", "ClusterContext", "make_context", "group_layout", "group_layouts"]
 
 _MAX_CACHED_LAYOUTS = 100_000  # group layouts kept per (grouping, cluster) before the cache is emptied
 
@@ -89,9 +88,9 @@ class ClusterContext:
     servers: dict = field(default_factory=dict)
     hops: dict = field(default_factory=dict)  # (src, dst) -> bandwidth of that one hop alone (hop_bandwidths)
     collective_held: dict = field(default_factory=dict)  # devices -> resources a collective over them holds
-    blocks: dict = field(default_factory=dict)  # layout key -> its compute tasks as lists (compute_block)
+    blocks: dict = field(default_factory=dict)  # layout key -> its rows (tag.compiler.rows.replica_block)
+    unit_rows: Any = None  # what the row kernels read of the units (tag.compiler.rows.UnitRows), made on first use
     placements: dict = field(default_factory=dict)  # (placement row, sync option, batch split) -> _placement
-    unit_tables: dict = field(default_factory=dict)  # group -> its units' rows of the compute-time tables
     mp_splits: dict = field(default_factory=dict)
     mp_cuts: dict = field(default_factory=dict)  # (group, device types) -> its model-parallel cut (_cut_group)
     mp_units: dict = field(default_factory=dict)  # group -> its units as model-parallel layouts cut them (_GroupUnits)
@@ -195,22 +194,6 @@ def _cached_layout(tables: CompilerTables, context: ClusterContext, key: tuple) 
     return layout
 
 
-def compute_block(tables: CompilerTables, context: ClusterContext, layout: GroupLayout) -> tuple:
-    """The compute tasks of a replicated group, unit-major then replica: (durations, devices, labels, output
-    bytes), as lists ready to extend the compiler's columns (cached per layout)."""
-    found = context.blocks.get(layout.key)
-    if found is None:
-        units = tables.group_units[layout.group]
-        r = len(layout.devices)
-        labels = [label for unit in units.tolist() for label in [tables.unit_label[unit]] * r]
-        fraction = np.asarray(layout.fraction)
-        out = tables.unit_out_rows[units][:, None] * fraction[None, :] + tables.unit_out_fixed[units][:, None]
-        durations = unit_durations(tables, context, layout)
-        found = (durations.reshape(-1).tolist(), list(layout.devices) * len(units), labels, out.reshape(-1).tolist())
-        context.blocks[layout.key] = found
-    return found
-
-
 def _make_layout(tables: CompilerTables, context: ClusterContext, key: tuple) -> GroupLayout:
     """The layout of ``key`` = (group, placement row as bytes, option, batch split)."""
     group, row, option, batch_split = key
@@ -225,19 +208,6 @@ def _make_layout(tables: CompilerTables, context: ClusterContext, key: tuple) ->
         pieces, op_device, op_pieces = _model_parallel_pieces(tables, context, group, devices)
         return GroupLayout(group, option, devices, fraction, lo, hi, split, pieces, op_device, op_pieces, key)
     return GroupLayout(group, option, devices, fraction, lo, hi, split, (), None, None, key)
-
-
-def unit_durations(tables: CompilerTables, context: ClusterContext, layout: GroupLayout) -> np.ndarray:
-    """[units of the group, R] compute seconds of a replicated layout's units on its replicas (computed on
-    demand, for the compiler's compute blocks and merged chunks; the search's evaluator computes a compact
-    fragment's in its assembly kernel)."""
-    per_group = context.unit_tables.get(layout.group)
-    if per_group is None:
-        units = tables.group_units[layout.group]
-        per_group = context.unit_tables[layout.group] = (tables.unit_time_fixed[units], tables.unit_time_scaled[units])
-    time_fixed, time_scaled = per_group
-    device_types = context.type_array[list(layout.devices)]
-    return time_fixed[:, device_types] + time_scaled[:, device_types] * np.asarray(layout.fraction)
 
 
 def _placement(context: ClusterContext, mask: np.ndarray, split_option: bool, batch_split: str) -> tuple:
