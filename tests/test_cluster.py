@@ -326,7 +326,8 @@ def test_a_local_clusters_measured_collectives_survive_subset_and_json():
     assert (sub.collective_latency_s, sub.collective_bandwidth) == (4e-4, 1.5e9)
     for kept in (cluster, sub):
         back = Cluster.from_json(json.loads(json.dumps(kept.to_json(), allow_nan=False)))
-        assert isinstance(back, LocalCluster) and (back.collective_latency_s, back.collective_bandwidth) == (4e-4, 1.5e9)
+        assert isinstance(back, LocalCluster)
+        assert (back.collective_latency_s, back.collective_bandwidth) == (4e-4, 1.5e9)
         assert back.to_json() == kept.to_json() and back.fingerprint() == kept.fingerprint()
     unmeasured = local_cluster(2)
     assert "collective_latency_s" not in unmeasured.to_json()
