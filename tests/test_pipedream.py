@@ -1,4 +1,5 @@
 import logging
+import re
 from pathlib import Path
 
 import numpy as np
@@ -12,11 +13,13 @@ PROFILES = Path(__file__).resolve().parents[2] / "shared" / "data" / "pipedream-
 MODELS = ("vgg16", "resnet50", "gnmt")
 BATCH = {"vgg16": 128, "resnet50": 128, "gnmt": 32}
 
-pytestmark = pytest.mark.skipif(not PROFILES.is_dir(), reason="PipeDream profiles not found")
+needs_profiles = pytest.mark.skipif(not PROFILES.is_dir(), reason="PipeDream profiles not found")
 
 
 @pytest.fixture(scope="module", params=MODELS)
 def profile(request):
+    if not PROFILES.is_dir():
+        pytest.skip("PipeDream profiles not found")
     path = PROFILES / f"{request.param}.graph.txt"
     layers, edges = parse_pipedream(path)
     return request.param, load_pipedream(path), layers, edges
@@ -54,6 +57,7 @@ def test_measured_times_are_seconds(profile):
     assert np.isnan(graph.measured_time[graph.role == ROLE_OPTIMIZER]).all()
 
 
+@needs_profiles
 def test_measured_time_units_on_a_known_layer():
     graph = load_pipedream(PROFILES / "vgg16.graph.txt")
     op = graph.index("node4.forward")  # Conv2d(64, 64): forward_compute_time=46.201 ms
@@ -106,6 +110,7 @@ def test_json_round_trip(profile):
     np.testing.assert_array_equal(again.flops, graph.flops)
 
 
+@needs_profiles
 def test_flop_estimates_by_hand():
     vgg = load_pipedream(PROFILES / "vgg16.graph.txt")
     out = 1644167168 / 4  # Conv2d(64, 64, 3x3): elements of its output
@@ -125,6 +130,7 @@ def test_flop_estimates_by_hand():
     assert gnmt.flops[gnmt.index("node5.forward")] == pytest.approx(tokens * 2 * per_token + glue)
 
 
+@needs_profiles
 @pytest.mark.parametrize("batch_size", [7, 256])
 def test_batch_size_argument_overrides(batch_size):
     graph = load_pipedream(PROFILES / "vgg16.graph.txt", batch_size=batch_size)
@@ -203,6 +209,7 @@ def test_an_unindented_edge_is_a_malformed_node_line(tmp_path):
         load_pipedream(path)
 
 
+@needs_profiles
 def test_weight_gradients_keep_their_size_at_another_batch():
     graph = load_pipedream(PROFILES / "vgg16.graph.txt")
     half = graph.with_batch_size(graph.batch_size // 2)
@@ -211,7 +218,169 @@ def test_weight_gradients_keep_their_size_at_another_batch():
     np.testing.assert_allclose(half.edge_bytes[~to_optimizer], graph.edge_bytes[~to_optimizer] / 2)
 
 
+@needs_profiles
 def test_untimed_layers_are_not_free():
     graph = load_pipedream(PROFILES / "resnet50.graph.txt")
     adds = [i for i, kind in enumerate(graph.kinds) if kind.startswith("Add") and graph.role[i] != ROLE_INPUT]
     assert adds and np.isnan(graph.measured_time[adds]).all()
+
+
+# ------------------------------------------------------------------ partitioned files (PipeDream's optimizer output)
+
+TINY_PARTITIONED = Path(__file__).resolve().parent / "data" / "pipedream" / "tiny_partitioned.graph.txt"
+V100X3 = """name: v100x3
+network: {bandwidth: 100Gbps, latency: 5us}
+machines:
+  - {gpu: v100-16gb, count: 3, bandwidth: 130GB/s, latency: 2us}
+"""
+
+
+def _restaged(text: str, stages: dict[str, str | None]) -> str:
+    """``text`` with the stage_id of the named nodes replaced (None: removed)."""
+    lines = []
+    for line in text.splitlines():
+        node = line.split(" -- ")[0]
+        if not line[:1].isspace() and node in stages:
+            head, _, tail = line.rpartition(" -- ")
+            line = head if tail.startswith("stage_id=") else line
+            line += "" if stages[node] is None else f" -- stage_id={stages[node]}"
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def test_partitioned_file_gives_the_stage_of_every_layer():
+    from tag.graph.pipedream import pipedream_stages
+
+    layers, _ = parse_pipedream(TINY_PARTITIONED)
+    assert [layer.stage for layer in layers] == [0, 0, 0, 1, 1, 2]
+    assert pipedream_stages(TINY_PARTITIONED) == {"node1": 0, "node2": 0, "node3": 0, "node4": 1, "node5": 1,
+                                                  "node6": 2}
+
+
+def test_partitioned_file_loads_as_the_same_graph_as_its_plain_profile(tmp_path):
+    from tag.graph.pipedream import pipedream_stages
+
+    text = TINY_PARTITIONED.read_text()
+    plain = _write(tmp_path, _restaged(text, {f"node{i}": None for i in range(1, 7)}), "tiny_partitioned.graph.txt")
+    assert pipedream_stages(plain) is None
+    assert graph_to_json(load_pipedream(plain)) == graph_to_json(load_pipedream(TINY_PARTITIONED))
+
+
+@pytest.mark.parametrize("stages, line, message", [
+    ({"node4": None}, 4, "node node4 has no stage_id, while 5 of 6 node lines have one"),
+    ({"node4": "2", "node5": "2", "node6": "3"}, None, "stage 1 holds no layer"),
+    ({"node3": "1", "node4": "0"}, 9, "edge node3 -- node4 goes from stage 1 back to stage 0"),
+    ({"node2": "x"}, 2, "stage_id: cannot parse 'x'"),
+])
+def test_bad_stage_ids_are_one_profile_error(tmp_path, stages, line, message):
+    from tag.graph.pipedream import pipedream_stages
+
+    path = _write(tmp_path, _restaged(TINY_PARTITIONED.read_text(), stages))
+    with pytest.raises(ProfileError, match=re.escape(message)) as error:
+        pipedream_stages(path)
+    assert str(error.value).startswith(f"{path}:{line}:" if line else f"{path}:")
+
+
+def test_simulate_scores_the_partition_by_hand(tmp_path, capsys):
+    """M = 1, one replica per stage on three V100s (the profile's GPU): the stages run the measured
+    times one after another, forward 1.5 + 2.25 + 1.5 ms then backward 2.5 + 4.25 + 3 ms = 15 ms,
+    plus three 2-us hops each way, microseconds of transfer and the optimizer steps."""
+    from conftest import run_json
+
+    cluster = tmp_path / "v100x3.yaml"
+    cluster.write_text(V100X3)
+    out = run_json(capsys, "simulate", str(TINY_PARTITIONED), "--cluster", str(cluster), "--micro-batches", "1")
+    assert out["kind"] == "pipeline" and out["stages"] == 3 and out["replicas"] == [1, 1, 1]
+    assert out["forward_assignment"] == [0, 0, 1, 1, 2]  # node2..node6, the input has no forward op
+    assert out["mapping"] == [[0], [1], [2]] and out["micro_batches"] == 1
+    assert 15.0e-3 < out["iteration_time_s"] < 15.05e-3
+    assert out["feasible"]
+    theirs, ours = out["iteration_time_s"], out["tag_pipeline"]["iteration_time_s"]
+    assert out["tag_pipeline"]["stages"] == 3 and out["speedup_of_tag"] == pytest.approx(theirs / ours)
+
+
+def test_simulate_defaults_fill_the_devices_and_match_a_replayed_plan(capsys):
+    """R = 11 // 3 = 3 replicas on lab.yaml's 11 devices, M = 4 (the power of two >= 3), stage-major;
+    the same plan replayed through tag.exact gives the same iteration."""
+    from conftest import run_json
+
+    from tag.cluster import resolve_cluster
+    from tag.exact import replay_pipeline
+
+    lab = str(Path(__file__).resolve().parent / "data" / "clusters" / "lab.yaml")
+    out = run_json(capsys, "simulate", str(TINY_PARTITIONED), "--cluster", lab)
+    assert out["replicas"] == [3, 3, 3] and out["micro_batches"] == 4
+    assert out["mapping"] == [[0, 1, 2], [3, 4, 5], [6, 7, 8]]
+    replayed = replay_pipeline(load_pipedream(TINY_PARTITIONED), resolve_cluster(lab), forward_assignment=[0, 0, 1, 1, 2],
+                               replicas=[3, 3, 3], micro_batches=4, mapping=out["mapping"])
+    assert out["iteration_time_s"] == pytest.approx(replayed.iteration_time, rel=1e-12)
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--replicas", "4"), "3 stages x 4 replicas need 12 devices; lab has 11"),
+])
+def test_simulate_partition_errors_are_one_line(capsys, extra, message):
+    from conftest import run
+
+    lab = str(Path(__file__).resolve().parent / "data" / "clusters" / "lab.yaml")
+    code, _, err = run(capsys, "simulate", str(TINY_PARTITIONED), "--cluster", lab, *extra)
+    assert code == 2 and err.strip().count("\n") == 0 and err.startswith("tag: error:") and message in err
+
+
+def test_simulate_refuses_bad_stages_and_plain_profiles_in_one_line(tmp_path, capsys):
+    from conftest import run
+
+    lab = str(Path(__file__).resolve().parent / "data" / "clusters" / "lab.yaml")
+    text = TINY_PARTITIONED.read_text()
+    back = _write(tmp_path, _restaged(text, {"node3": "1", "node4": "0"}), "back.graph.txt")
+    only_input = _write(tmp_path, _restaged(text, {f"node{i}": "1" for i in range(2, 7)}), "input.graph.txt")
+    plain = _write(tmp_path, _restaged(text, {f"node{i}": None for i in range(1, 7)}), "plain.graph.txt")
+    for path, message in ((back, "goes from stage 1 back to stage 0"), (only_input, "stage 0 holds only input layers"),
+                          (plain, "give exactly one of --strategy")):
+        code, _, err = run(capsys, "simulate", str(path), "--cluster", lab)
+        assert code == 2 and err.strip().count("\n") == 0 and message in err, err
+    code, _, err = run(capsys, "simulate", "resnet50", "--cluster", lab, "--baseline", "dp-nccl", "--replicas", "2")
+    assert code == 2 and "apply to a PipeDream partitioned graph.txt only" in err
+
+
+def _partition_by_time(path: Path, num_stages: int) -> str:
+    """``path``'s profile with stage ids written on: contiguous runs of a topological order of even
+    measured forward + backward time, as PipeDream's optimizer would cut a chain."""
+    layers, edges = parse_pipedream(path)
+    index = {layer.node: i for i, layer in enumerate(layers)}
+    indegree = [0] * len(layers)
+    succ: list[list[int]] = [[] for _ in layers]
+    for src, dst, _ in edges:
+        succ[index[src]].append(index[dst])
+        indegree[index[dst]] += 1
+    order, ready = [], [i for i, d in enumerate(indegree) if d == 0]
+    while ready:
+        i = ready.pop()
+        order.append(i)
+        for j in succ[i]:
+            indegree[j] -= 1
+            if indegree[j] == 0:
+                ready.append(j)
+    times = np.array([layers[i].forward_time + layers[i].backward_time for i in order])
+    cut = np.minimum((np.cumsum(times) - times / 2) / times.sum() * num_stages, num_stages - 1).astype(int)
+    stage = {layers[i].node: str(int(s)) for i, s in zip(order, cut)}
+    return _restaged(path.read_text(), stage)
+
+
+@needs_profiles
+def test_a_partitioned_resnet50_loads_and_simulates(tmp_path, capsys):
+    from conftest import run_json
+
+    from tag.graph.pipedream import pipedream_stages
+
+    path = _write(tmp_path, _partition_by_time(PROFILES / "resnet50.graph.txt", 4), "resnet50.graph.txt")
+    stages = pipedream_stages(path)
+    assert sorted(set(stages.values())) == [0, 1, 2, 3]
+    graph = load_pipedream(path)
+    assert graph_to_json(graph) == graph_to_json(load_pipedream(PROFILES / "resnet50.graph.txt"))
+    out = run_json(capsys, "simulate", str(path), "--cluster", "two-level")
+    assert out["stages"] == 4 and out["replicas"] == [4, 4, 4, 4] and out["micro_batches"] == 4
+    forward = [graph.names[i].removesuffix(".forward") for i in graph.topological_order()
+               if graph.names[i].endswith(".forward")]
+    assert sorted(out["forward_assignment"]) == sorted(stages[node] for node in forward)
+    assert out["feasible"] and out["iteration_time_s"] > 0 and out["tag_pipeline"]["iteration_time_s"] > 0

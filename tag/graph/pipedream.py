@@ -5,6 +5,11 @@ The PipeDream profiler (msr-fiddle/pipedream) writes one line per layer, then th
     nodeN -- LayerRepr(...) -- forward_compute_time=MS, backward_compute_time=MS, activation_size=BYTES, parameter_size=BYTES
     \tnodeA -- nodeB
 
+PipeDream's optimizer writes the same file with `` -- stage_id=N`` appended to every node line (a
+*partitioned* file). The loaders here read it as the same profile; :func:`pipedream_stages` returns the
+layer → stage map, checked (every node staged, ids 0..S-1 all used, never decreasing along an edge),
+which ``tag simulate PARTITIONED.txt`` scores as a pipeline plan.
+
 Times are milliseconds for one mini-batch; ``activation_size`` is the layer's output for the whole batch
 (a ``[a; b; c]`` list for layers with several outputs, e.g. an LSTM's output, h and c); parameter sizes
 are bytes. Every layer becomes:
@@ -92,7 +97,7 @@ from tag.graph.opgraph import (
     OpGraph,
 )
 
-__all__ = ["load_pipedream", "parse_pipedream", "PipeDreamLayer", "DEFAULT_MEASURED_ON"]
+__all__ = ["load_pipedream", "parse_pipedream", "pipedream_stages", "PipeDreamLayer", "DEFAULT_MEASURED_ON"]
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +128,7 @@ _LEAVES = ("LSTM", "GRU", "Linear", "Conv2d", "Embedding")
 _LEAF_PATTERN = re.compile(r"\b(LSTM|GRU|Linear|Conv2d|Embedding)\(")
 _INPUT_KIND = re.compile(r"^Input\d*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][\w.\-]*$")
+_STAGE_FIELD = re.compile(r"^stage_id=(\S*)$")  # the optimizer's partitioned files end node lines with it
 
 
 class PipeDreamLayer(NamedTuple):
@@ -136,6 +142,7 @@ class PipeDreamLayer(NamedTuple):
     activation: tuple[float, ...]  # one entry per output
     param_bytes: float
     line: int
+    stage: int | None = None  # PipeDream's `` -- stage_id=N`` (a partitioned file), else None
 
     @property
     def activation_bytes(self) -> float:
@@ -199,6 +206,13 @@ def parse_pipedream(path: str | Path) -> tuple[list[PipeDreamLayer], list[tuple[
 
 def _parse_node_line(raw: str, number: int, path: Path) -> PipeDreamLayer:
     text = raw.strip()
+    stage = None
+    tail = text.rfind(_SEPARATOR)
+    found = _STAGE_FIELD.match(text[tail + len(_SEPARATOR):].strip()) if tail >= 0 else None
+    if found:
+        if not found.group(1).isdigit():
+            raise ProfileError(f"{path}:{number}: stage_id: cannot parse {found.group(1)!r} as a stage number")
+        stage, text = int(found.group(1)), text[:tail]
     first = text.find(_SEPARATOR)
     last = text.rfind(_SEPARATOR)
     if first < 0 or last == first:
@@ -213,7 +227,7 @@ def _parse_node_line(raw: str, number: int, path: Path) -> PipeDreamLayer:
         if not sep:
             raise ProfileError(f"{path}:{number}: cannot parse node line {_clip(raw)!r}: {item.strip()!r} is not key=value")
         stats[key.strip()] = value.strip()
-    unknown = [k for k in stats if k not in _STAT_KEYS]  # PipeDream's partitioned files add "-- stage_id=N"
+    unknown = [k for k in stats if k not in _STAT_KEYS]
     if unknown:
         raise ProfileError(f"{path}:{number}: node {node}: unknown field {unknown[0]!r} "
                            f"(tag reads {', '.join(_STAT_KEYS)})")
@@ -232,7 +246,36 @@ def _parse_node_line(raw: str, number: int, path: Path) -> PipeDreamLayer:
         activation = (_number(activation_text, "activation_size", path, number),)
     param_bytes = _number(stats["parameter_size"], "parameter_size", path, number)
     return PipeDreamLayer(node, layer_repr, _layer_kind(layer_repr), forward_ms * 1e-3, backward_ms * 1e-3,
-                          activation, param_bytes, number)
+                          activation, param_bytes, number, stage)
+
+
+def pipedream_stages(path: str | Path) -> dict[str, int] | None:
+    """The stage of every layer of a partitioned graph.txt (``node -> stage``), None for a plain profile.
+
+    A partitioned file (PipeDream's optimizer output) ends every node line with `` -- stage_id=N``.
+    The ids must be 0..S-1, each used, on every node line, and never decrease along an edge, so that
+    each stage is a contiguous run of some topological order; otherwise a ProfileError names the line.
+    """
+    path = Path(path)
+    layers, edges = parse_pipedream(path)
+    staged = [layer for layer in layers if layer.stage is not None]
+    if not staged:
+        return None
+    if len(staged) != len(layers):
+        bare = next(layer for layer in layers if layer.stage is None)
+        raise ProfileError(f"{path}:{bare.line}: node {bare.node} has no stage_id, while {len(staged)} of "
+                           f"{len(layers)} node lines have one (a partitioned file gives every node its stage)")
+    stage = {layer.node: int(layer.stage) for layer in layers}
+    used = sorted(set(stage.values()))
+    if used != list(range(len(used))):
+        missing = min(set(range(used[-1] + 1)) - set(used))
+        raise ProfileError(f"{path}: stage ids must be 0..S-1 with every stage used; stage {missing} holds no "
+                           f"layer (ids used: {', '.join(map(str, used))})")
+    for src, dst, number in edges:
+        if stage[src] > stage[dst]:
+            raise ProfileError(f"{path}:{number}: edge {src} -- {dst} goes from stage {stage[src]} back to "
+                               f"stage {stage[dst]}; the stages are not contiguous in topological order")
+    return stage
 
 
 def _number(text: str, key: str, path: Path, number: int) -> float:
