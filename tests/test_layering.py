@@ -1,5 +1,5 @@
 """tag's packages are layered: a module imports only from its own layer and the layers below it
-(docs/design.md, Packages). Checked twice: every import statement of every module, read with ``ast``
+(docs/architecture.md, Packages). Checked twice: every import statement of every module, read with ``ast``
 (inside functions too, so a late import does not hide an upward one), and what importing each package
 loads in a fresh interpreter."""
 
