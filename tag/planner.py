@@ -9,6 +9,14 @@ report. Every figure in the outcome is simulated.
 When DP-NCCL does not fit, no data-parallel plan can start the search: the searches then use the
 ``oom_fills``, first the "staged" fill (:mod:`tag.search.staged`: contiguous layer runs on device groups,
 built to fit memory), whose plan also joins the final pass.
+
+A ``deadline`` (:attr:`PlanConfig.deadline`, what :func:`tag.planners.plan_fastest` gives the placement
+family) bounds the whole call: the search ends by :data:`SEARCH_SHARE` of the time left when it starts
+(or its own ``time_limit_s``, if sooner), SFB stops trying groups in time for the final pass
+(:data:`FINAL_RESERVE` simulations' worth before the deadline) and keeps its best so far, and a start
+reached after the deadline is finalised without SFB only if its simulated time already beats the best
+plan so far (else left out; :attr:`PlanOutcome.skipped` names it). The call then ends within about one
+final pass (two compilations and simulations of one plan) of the deadline.
 """
 
 from __future__ import annotations
@@ -42,9 +50,11 @@ from tag.sim import SimulationResult
 from tag.strategy import OPTIONS, Strategy
 
 __all__ = ["PlanConfig", "PlanOutcome", "Priors", "plan_training", "load_priors", "DEFAULT_ITERATIONS",
-           "COMPARED_BASELINES", "SEARCHES", "TAG_MODELS", "TAG_CLUSTERS"]
+           "COMPARED_BASELINES", "SEARCHES", "TAG_MODELS", "TAG_CLUSTERS", "SEARCH_SHARE", "FINAL_RESERVE"]
 
 DEFAULT_ITERATIONS = 600  # MCTS iterations when neither an iteration nor a time budget is given
+SEARCH_SHARE = 0.8  # of the time left before a deadline when the search starts: the rest is SFB's and the final pass's
+FINAL_RESERVE = 2.0  # simulations' worth of time SFB leaves before a deadline: the final pass compiles the plan twice
 COMPARED_BASELINES = ("dp-nccl", "dp-nccl-p", "horovod")  # the speed-ups `tag plan` reports (TAG Table 8)
 SEARCHES = ("mcts", "mcmc")
 TAG_MODELS = ("inception-v3", "resnet101", "vgg19", "transformer", "bert-small", "bert-large")  # TAG §5.1
@@ -97,6 +107,9 @@ class PlanConfig:
     batch_split: str = "even"  # of searched strategies: "even" (the paper) or "speed" (batch ∝ device speed)
     granularity: str = "group"  # task granularity of every compiled plan ("group": the search's fast path)
     seed: int = 0  # METIS and search tie-breaking
+    # a time.perf_counter() instant the whole plan_training call ends by (module docstring); not a flag:
+    # plan_fastest sets it from the placement family's share
+    deadline: float | None = None
 
     def budget(self) -> tuple[int | None, float | None]:
         if self.max_iterations is None and self.time_limit_s is None:
@@ -119,6 +132,7 @@ class PlanOutcome(NamedTuple):
     timings: dict[str, float]  # seconds per phase: grouping, baselines, search, sfb, final
     fusion_bytes: float | None = None  # gradient fusion bucket size of the final plan; None: no fusion
     origin: str = "search"  # where the final strategy came from: "search", the baseline that beat it, or "staged"
+    skipped: tuple[str, ...] = ()  # the final pass's starts the deadline left out (module docstring)
 
     @property
     def iteration_time_s(self) -> float:
@@ -173,7 +187,7 @@ class PlanOutcome(NamedTuple):
             "first_beat_iteration": search.first_beat_iteration, "reference": search.reference_name,
             "sfb": self.sfb.as_dict() if self.sfb is not None else None,
             "sfb_groups": [g.group for g in self.sfb.plan.groups] if self.sfb is not None else [],
-            "fusion_bytes": self.fusion_bytes, "origin": self.origin,
+            "fusion_bytes": self.fusion_bytes, "origin": self.origin, "deadline_skipped": list(self.skipped),
             "peak_memory_bytes": [float(x) for x in result.peak_memory],
             "memory_capacity_bytes": [float(x) for x in result.memory_capacity],
             "oom_device": int(result.oom_device) if result.oom_device >= 0 else None,
@@ -203,6 +217,9 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
     baselines = run_baselines(group_graph, cluster, names=COMPARED_BASELINES, granularity=config.granularity)
     timings["baselines"] = _lap(clock)
     iterations, seconds = config.budget()
+    if config.deadline is not None:
+        left = max(config.deadline - time.perf_counter(), 0.0) * SEARCH_SHARE
+        seconds = max(min(left, seconds if seconds is not None else left), 0.01)
     fills = config.oom_fills if baselines[0].oom else config.fills
     fills = fills if config.search == "mcts" else fills[:1]
     searches, seeds = [], []
@@ -239,13 +256,18 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
     starts += [(seed, float("inf"), "staged") for seed in seeds if seed != search.best]
     cache = SFBCache()
     finished = None
+    skipped: list[str] = []
     sfb_s = final_s = 0.0
     for strategy, time_without, origin in starts:
         clock = time.perf_counter()
+        late = config.deadline is not None and clock >= config.deadline
+        if late and finished is not None and not (False, time_without) < finished[0]:
+            skipped.append(origin)  # past the deadline, and no faster than what is finished without SFB
+            continue
         selection, final_graph = None, group_graph
-        if config.sfb:
+        if config.sfb and not late:
             selection = select_sfb(group_graph, strategy, cluster, cache=cache, granularity=config.granularity,
-                                   time_without_s=time_without)
+                                   time_without_s=time_without, deadline=config.deadline, reserve=FINAL_RESERVE)
             if selection.applied:
                 final_graph = selection.plan.rewritten_group_graph()
         sfb_s += _lap(clock)
@@ -258,7 +280,7 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
     timings["sfb"], timings["final"] = sfb_s, final_s
     _, strategy, selection, compiled, result, fusion, origin = finished
     return PlanOutcome(graph, group_graph, cluster, strategy, compiled, result, search, baselines, selection, timings,
-                       fusion, origin)
+                       fusion, origin, tuple(skipped))
 
 
 def _final_plan(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, config: PlanConfig

@@ -128,3 +128,48 @@ def test_priors_guide_only_the_trees_of_the_policy_fills():
     _, first_only = plan(("first",))
     _, both = plan(("first", "root"))
     assert 0 < first_only < both
+
+
+def two_1080ti_at_1gbps():
+    from tag.cluster.build import Machine, build_cluster
+
+    return build_cluster("2x1080ti", [Machine("1080ti", 1), Machine("1080ti", 1)], network_bandwidth=1e9 / 8)
+
+
+def test_a_deadline_bounds_the_planner_with_sfb_and_sfb_never_makes_it_slower():
+    """The tiny transformer, data parallel over 1 Gbps: SFB's program puts SFB in several groups. With a
+    deadline the call ends within a final pass of it (0.5 s here, a loaded machine), and the plan is no
+    slower than its strategy finalised without SFB, nor than DP-NCCL."""
+    import time
+
+    from tag.planner import _final_plan
+    from tag.sfb import apply_sfb
+    from tag.strategy import Strategy
+
+    graph, cluster = resolve_model("transformer", tiny=True), two_1080ti_at_1gbps()
+    plan_training(graph, cluster, config=PlanConfig(num_groups=8, max_iterations=4))  # imports and caches warm
+    for budget in (0.3, 1.5):
+        start = time.perf_counter()
+        outcome = plan_training(graph, cluster, config=PlanConfig(num_groups=8, deadline=start + budget))
+        wall = time.perf_counter() - start
+        assert wall <= budget + 0.5
+        gg = outcome.group_graph
+        assert len(apply_sfb(gg, Strategy.data_parallel(gg.num_groups, cluster), cluster).groups) > 1
+        _, plain, _ = _final_plan(gg, outcome.strategy, cluster, PlanConfig())
+        assert outcome.result.feasible and outcome.iteration_time_s <= plain.iteration_time
+        assert outcome.iteration_time_s <= outcome.baselines[0].iteration_time_s
+        assert set(outcome.skipped) <= {"dp-nccl", "dp-nccl-p"}
+        assert outcome.summary()["deadline_skipped"] == list(outcome.skipped)
+
+
+def test_a_passed_deadline_finalises_only_the_search_best_and_what_beats_it():
+    """Past the deadline before the final pass: no SFB is tried, the search's best is finalised, and a
+    baseline start only if its simulated time beats that plan."""
+    import time
+
+    graph, cluster = resolve_model("transformer", tiny=True), two_1080ti_at_1gbps()
+    outcome = plan_training(graph, cluster, config=PlanConfig(num_groups=8, deadline=time.perf_counter()))
+    assert outcome.sfb is None and outcome.result.feasible
+    times = dict(zip(COMPARED_BASELINES, (b.iteration_time_s for b in outcome.baselines)))
+    assert outcome.skipped and all(times[name] >= outcome.iteration_time_s for name in outcome.skipped)
+    assert outcome.origin not in outcome.skipped and outcome.iteration_time_s <= times["dp-nccl"]

@@ -2,6 +2,7 @@
 strategy on hand-built graphs and a zoo graph."""
 
 import itertools
+import time
 import json
 import warnings
 
@@ -15,7 +16,16 @@ from tag.graph import OpGraph
 from tag.graph.io import load_graph
 from tag.graph.resolve import prebuilt_path
 from tag.grouping import GroupGraph, group_ops
-from tag.sfb import AUTO_EXHAUSTIVE_OPS, EXTERNAL, SFBCache, SFBError, apply_sfb, sfb_objective, solve_sfb
+from tag.sfb import (
+    AUTO_EXHAUSTIVE_OPS,
+    EXTERNAL,
+    SFBCache,
+    SFBError,
+    apply_sfb,
+    select_sfb,
+    sfb_objective,
+    solve_sfb,
+)
 from tag.strategy import PS, Strategy
 
 F32 = 4  # bytes per element
@@ -437,3 +447,47 @@ def test_cbc_matches_enumeration_on_zoo_programs(tiny_transformer):
         assert a.decision.status in ("optimal", "bound")
         assert a.decision.time_saved == pytest.approx(b.decision.time_saved, rel=1e-9, abs=1e-15)
     assert by_cbc.estimated_time_saved_s == pytest.approx(by_enumeration.estimated_time_saved_s)
+
+
+# ------------------------------------------------------------------------------------------- under a deadline
+
+
+def test_a_passed_deadline_solves_nothing_new_but_keeps_memoised_groups(tiny_transformer):
+    group_graph, strategy, cluster = tiny_transformer
+    cache = SFBCache()
+    plan = apply_sfb(group_graph, strategy, cluster, cache=cache)
+    assert plan.groups
+    cold = apply_sfb(group_graph, strategy, cluster, cache=SFBCache(), deadline=time.perf_counter())
+    assert cold.groups == [] and cold.report().gradients == plan.report().gradients
+    warm = apply_sfb(group_graph, strategy, cluster, cache=cache, deadline=time.perf_counter())
+    assert [g.group for g in warm.groups] == [g.group for g in plan.groups]
+
+
+def test_select_sfb_past_its_deadline_keeps_the_strategy_and_says_so(tiny_transformer):
+    group_graph, strategy, cluster = tiny_transformer
+    base = compile_strategy(group_graph, strategy, cluster).simulate(feedback=False).iteration_time
+    selection = select_sfb(group_graph, strategy, cluster, cache=SFBCache(), time_without_s=base,
+                           deadline=time.perf_counter())
+    assert not selection.applied and selection.time_s == base and selection.simulations == 0
+    assert selection.deadline_reached and selection.as_dict()["deadline_reached"]
+
+
+def test_select_sfb_stops_toggling_when_its_reserve_no_longer_fits(tiny_transformer):
+    """A reserve longer than the deadline allows: the whole plan is simulated (no simulation timed yet to
+    judge by), then no toggle is tried; the best of the two is kept, and the untried toggles reported."""
+    group_graph, strategy, cluster = tiny_transformer
+    base = compile_strategy(group_graph, strategy, cluster).simulate(feedback=False).iteration_time
+    chosen = len(apply_sfb(group_graph, strategy, cluster).groups)  # groups the program puts SFB in
+    free = select_sfb(group_graph, strategy, cluster, cache=SFBCache(), time_without_s=base)
+    assert chosen > 1 and not free.deadline_reached and free.untried == 0
+    assert 1 < free.simulations <= 1 + chosen and free.time_s <= base
+    cut = select_sfb(group_graph, strategy, cluster, cache=SFBCache(), time_without_s=base,
+                     deadline=time.perf_counter() + 600.0, reserve=1e9)
+    assert cut.simulations == 1 and cut.deadline_reached and cut.untried == chosen
+    assert cut.time_all_s == free.time_all_s and cut.time_s == min(base, cut.time_all_s) >= free.time_s
+    assert cut.as_dict()["groups_untried"] == cut.untried
+    # a deadline far enough away changes nothing
+    late = select_sfb(group_graph, strategy, cluster, cache=SFBCache(), time_without_s=base,
+                      deadline=time.perf_counter() + 600.0, reserve=2.0)
+    assert not late.deadline_reached and late.untried == 0 and late.time_s == free.time_s
+    assert [g.group for g in late.plan.groups] == [g.group for g in free.plan.groups]

@@ -10,7 +10,9 @@ Time budget (``time_limit_s``): the families run one after another, pipelines fi
 weight's share (:data:`BUDGET_WEIGHTS`) of what the ones before it left; time a family leaves unused
 flows to the next. The pipeline and graph pipeline searches stop at their share and keep the best plan
 simulated so far; the placement search is given its share less :data:`PLACEMENT_OVERHEAD` of it, which
-its grouping, baselines, SFB and final compilation take (:data:`PLACEMENT_OVERHEAD_S` at least). The data-parallel baselines come with the
+its grouping, baselines, SFB and final compilation take (:data:`PLACEMENT_OVERHEAD_S` at least), and the
+whole placement planner its share as a deadline (:attr:`tag.planner.PlanConfig.deadline`: SFB stops
+trying groups in time for the final pass). The data-parallel baselines come with the
 placement search (or take a grouping and three simulations without it). Without a budget every family
 runs its search to the end (the placement search its ``config``'s iterations).
 """
@@ -162,7 +164,8 @@ def plan_fastest(graph: OpGraph, cluster: Cluster, *, families: Sequence[str] = 
         seconds = budget.share("placement")
         if seconds is not None:
             around = max(seconds * PLACEMENT_OVERHEAD, min(PLACEMENT_OVERHEAD_S, seconds / 2))
-            config = dataclasses.replace(config, time_limit_s=seconds - around, max_iterations=None)
+            config = dataclasses.replace(config, time_limit_s=seconds - around, max_iterations=None,
+                                         deadline=time.perf_counter() + seconds)
         placed = placement_candidates(graph, cluster, config=config, priors=priors, cost=cost, progress=progress)
         outcome = placed[0].plan
         candidates += placed

@@ -342,7 +342,8 @@ _MAX_MEMO_ENTRIES = 100_000  # per-group results kept per grouping before its me
 
 def apply_sfb(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *, cost: CostModel | None = None,
               depth: int = DEFAULT_DEPTH, max_ops: int = DEFAULT_MAX_OPS, method: str = "auto",
-              time_limit: float = DEFAULT_TIME_LIMIT_S, cache: SFBCache | None = None, solver: Any = None) -> SFBPlan:
+              time_limit: float = DEFAULT_TIME_LIMIT_S, cache: SFBCache | None = None, solver: Any = None,
+              deadline: float | None = None) -> SFBPlan:
     """Solve the SFB program for every synchronised gradient of ``strategy`` (module docstring).
 
     ``cost``: op times (default: the grouping's cost model). ``depth``, ``max_ops``: the candidate subgraph
@@ -351,6 +352,9 @@ def apply_sfb(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *, 
     Besides, ``cache`` memoises each group's result by everything it depends on (the group's
     replicas and batch fractions, τ, its synchronised gradients, the parameters; not with a ``solver``), so
     a search that re-decides one group at a time pays only for the groups it changes.
+    ``deadline``: a ``time.perf_counter()`` instant; each group's solves are limited to the time left
+    before it as well (a group so cut short is not memoised), and once it has passed only memoised groups
+    get SFB: the others are left as they are.
     """
     for name, value, least in (("depth", depth, 0), ("max_ops", max_ops, 1)):
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < least:
@@ -385,15 +389,19 @@ def apply_sfb(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, *, 
                tuple(cluster.device_type[layout.devices].tolist()), tuple((op, s[1]) for op, s in sorted(sync.items())),
                depth, max_ops, method, time_limit, cost)
         found = memo.get(key) if solver is None else None
+        left = None if deadline is None else deadline - time.perf_counter()
+        if found is None and left is not None and left <= 0:
+            continue  # out of time: this group keeps its synchronisation
         if found is None:
+            limit = time_limit if left is None else min(time_limit, left)
             context = _GroupContext(g, devices[g], tau,
                                     _extra_time(graph, tables.scaled, cluster, layout.devices, layout.batch_fraction),
                                     _broadcast_bytes(graph, d), sync)
             programs = _group_programs(graph, tables.units, context, group_graph.assignment, depth=depth,
-                                       max_ops=max_ops, method=method, time_limit=time_limit, cache=cache,
+                                       max_ops=max_ops, method=method, time_limit=limit, cache=cache,
                                        solver=solver)
             found = (programs, _merge(graph, context, programs, tables.gradient_of))
-            if solver is None:
+            if solver is None and limit == time_limit:
                 memo[key] = found
         else:
             memo_hits += len(found[0])
