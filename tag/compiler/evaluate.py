@@ -156,11 +156,7 @@ class StrategyEvaluator:
         context = self.context
         self._alpha = np.array(context.alpha, dtype=np.float64)  # [D, D]
         self._beta = np.array(context.beta, dtype=np.float64)  # [D, D] NIC-capped
-        # the NICs a transfer holds (context.nics): its machines' when they differ and the NICs are finite
-        machine = np.asarray(context.machine)
-        cross = machine[:, None] != machine[None, :]  # [D, D]
-        self._nic_out = np.where(cross, np.asarray(context.nic_out)[:, None], -1)  # [D, D] resource id, -1 if none
-        self._nic_in = np.where(cross, np.asarray(context.nic_in)[None, :], -1)  # [D, D]
+        self._nic_out, self._nic_in = context.transfer_nic_out, context.transfer_nic_in  # [D, D] each, -1: none
         self._use_sync_index = self.tables.use_sync_index.astype(np.int64)  # [Q] PS round robin offset of each use
         self._use_bytes = self.tables.use_bytes.astype(np.float64)  # [Q]
         # what the pair kernel reads of the cluster and the uses (_pair_fragments' costs)

@@ -82,6 +82,8 @@ class ClusterContext:
     nic_out: list[int]  # [D] resource id of the device machine's NIC-out, -1 if unlimited
     nic_in: list[int]  # [D]
     nics: list[list[tuple]]  # [D][D] NIC resources a transfer from one device to another holds (sorted)
+    transfer_nic_out: np.ndarray  # [D, D] the same as arrays: the NIC-out a transfer holds, -1 if none
+    transfer_nic_in: np.ndarray  # [D, D] the NIC-in, -1 if none
     speed: np.ndarray  # [D] peak FLOP/s (for speed splits and model-parallel weights)
     layouts: dict = field(default_factory=dict)
     rings: dict = field(default_factory=dict)
@@ -158,12 +160,17 @@ def make_context(cluster: Cluster, tables: CompilerTables) -> ClusterContext:
     bandwidth = np.where(cross, capped, bandwidth)
     nic_out = [2 * d + int(m) if np.isfinite(nic[m]) else -1 for m in machine]
     nic_in = [2 * d + cluster.num_machines + int(m) if np.isfinite(nic[m]) else -1 for m in machine]
-    nics = [[tuple(sorted(x for x in (nic_out[a], nic_in[b]) if x >= 0)) if machine[a] != machine[b] else ()
-             for b in range(d)] for a in range(d)]
+    # a transfer holds its source machine's NIC-out and its destination's NIC-in where the machines differ and
+    # the NICs are finite; NIC-out ids are below NIC-in ids, so (out, in) is sorted
+    transfer_nic_out = np.where(cross, np.asarray(nic_out)[:, None], -1)  # [D, D] resource id, -1: none
+    transfer_nic_in = np.where(cross, np.asarray(nic_in)[None, :], -1)  # [D, D]
+    nics = [[tuple(x for x in pair if x >= 0) for pair in zip(out_row, in_row)]
+            for out_row, in_row in zip(transfer_nic_out.tolist(), transfer_nic_in.tolist())]
     return ClusterContext(cluster=cluster, tables=tables, beta=bandwidth.tolist(), beta_matrix=bandwidth,
                           alpha=np.asarray(cluster.latency).tolist(), type_index=np.asarray(cluster.device_type).tolist(),
                           type_array=np.asarray(cluster.device_type, dtype=np.int64),
                           machine=machine.tolist(), nic_out=nic_out, nic_in=nic_in, nics=nics,
+                          transfer_nic_out=transfer_nic_out, transfer_nic_in=transfer_nic_in,
                           speed=cluster.peak_flops(), compute_resources=[(k,) for k in range(d)])
 
 
