@@ -315,19 +315,23 @@ def test_a_rank_waiting_on_a_message_sent_after_its_own_wait_is_a_deadlock():
 
 
 def test_a_fusion_that_would_deadlock_is_not_made_and_a_safe_one_is():
-    """Rank 0 sends t0, waits for t1 from rank 1, sends t2; rank 1 receives t0, sends t1, receives t2. Fusing
-    t0 and t2 would move t0 after rank 0's wait for t1, which rank 1 sends only after receiving t0."""
+    """Rank 0 sends t0, waits for t1 from rank 1, reads it, sends t2; rank 1 receives t0, reads it, sends t1,
+    receives t2. Fusing t0 and t2 would move t0 after rank 0's wait for t1, which rank 1 sends only after
+    reading t0."""
     from tag.execute.fuse import fuse_transfers
-    from tag.execute.lower import Compute, Recv, Send
+    from tag.execute.lower import Compute, Read, Recv, Send
 
-    programs = [_program(0, [Send(0, 1, (_item(0),)), Recv(1, 1, (_item(1),)), Send(2, 1, (_item(2),))]),
-                _program(1, [Recv(0, 0, (_item(0),)), Send(1, 0, (_item(1),)), Recv(2, 0, (_item(2),))])]
+    programs = [_program(0, [Send(0, 1, (_item(0),)), Recv(1, 1, (_item(1),)), Compute(5, 1, {1: Read("whole", 1)}),
+                             Send(2, 1, (_item(2),))]),
+                _program(1, [Recv(0, 0, (_item(0),)), Compute(6, 1, {0: Read("whole", 0)}), Send(1, 0, (_item(1),)),
+                             Recv(2, 0, (_item(2),))])]
     assert fuse_transfers(programs, {0: "m0", 2: "m0"}) is programs
+    reader = Compute(9, 1, {2: Read("whole", 2)})
     safe = [_program(0, [Send(0, 1, (_item(0),)), Compute(7, 1, {}), Send(2, 1, (_item(2),))]),
-            _program(1, [Recv(0, 0, (_item(0),)), Compute(8, 1, {}), Recv(2, 0, (_item(2),))])]
+            _program(1, [Recv(0, 0, (_item(0),)), Compute(8, 1, {}), Recv(2, 0, (_item(2),)), reader])]
     fused = fuse_transfers(safe, {0: "m0", 2: "m0"})
     assert fused[0].steps == [Compute(7, 1, {}), Send(0, 1, (_item(0), _item(2)), 1)]  # sent when both are ready
-    assert fused[1].steps == [Recv(0, 0, (_item(0), _item(2)), 1), Compute(8, 1, {})]  # where the first arrived
+    assert fused[1].steps == [Compute(8, 1, {}), Recv(0, 0, (_item(0), _item(2)), 1), reader]  # where first read
 
 
 def test_a_message_packs_tensors_of_any_dtype_and_shape():

@@ -4,22 +4,22 @@ A pipeline's folded programs send every tensor that crosses a stage cut as its o
 activation's rows, a mask, a tied weight, the weight's gradient partial), each one gloo hand-over. The
 transfers one rank sends one peer for the same message key (a pipeline's (stage boundary, micro-batch,
 phase)) become one message (:func:`fuse_transfers`): its :class:`~tag.execute.lower.Send` takes the place of
-the members' last send (every payload is ready there), its :class:`~tag.execute.lower.Recv` the place of
-the members' first receive (before any reader of any member). The runtime packs a message's tensors into
-one byte buffer and unpacks them on arrival.
+the members' last send (every payload is ready there), its :class:`~tag.execute.lower.Recv` stands before
+the first instruction that reads any member (so a receiver waits only where it needs the message). The
+runtime packs a message's tensors into one byte buffer and unpacks them on arrival.
 
 Moving a send later can make a receiver wait on a rank that itself waits on the receiver, so the fused
 programs are checked by :func:`deadlock_free`, which runs every rank's instruction list against the others
-(a send never blocks, a receive waits for its message, a collective for every member); where the check
-fails the programs stay unfused. Messages carry distinct tags, so a receive matches its own message
-whatever order the peer sent them in.
+(a send never blocks, a receive waits for its message, a collective for every member); where the check fails
+the programs stay unfused. Messages carry distinct tags, so a receive matches its own message whatever order
+the peer sent them in.
 """
 
 from __future__ import annotations
 
 from typing import Hashable
 
-from tag.execute.lower import RankProgram, Recv, Reduce, Send
+from tag.execute.lower import Alias, Compute, Local, RankProgram, Recv, Reduce, Send
 
 __all__ = ["fuse_transfers", "deadlock_free"]
 
@@ -49,24 +49,43 @@ def fuse_transfers(programs: list[RankProgram], keys: dict[int, Hashable]) -> li
     received = {step.task: step.items for program in programs for step in program.steps if isinstance(step, Recv)}
     items = {tasks[0]: tuple(item for m in tasks for item in sends[m].items) for tasks in members.values()}
     kept = {tasks[0]: tuple(item for m in tasks for item in received[m]) for tasks in members.values()}
+    sources: dict[int, int] = {}
     fused = []
     for program in programs:
-        steps, placed = [], set()
+        steps: list = []
+        waiting: dict[int, set[int]] = {}  # fused messages this rank receives, not yet placed -> their uses
         for step in program.steps:
+            for t in [t for t, uses in waiting.items() if _reads(step, uses)]:
+                steps.append(Recv(t, sources[t], kept[t], tags[t]))  # where a member is first read
+                del waiting[t]
             if isinstance(step, Send):
                 t = head[step.task]
                 if last[t] == step.task:
                     steps.append(Send(t, step.dst, items[t], tags[t]))
             elif isinstance(step, Recv):
                 t = head[step.task]
-                if t not in placed:  # where the first member arrived: before any reader of any member
-                    placed.add(t)
-                    steps.append(Recv(t, step.src, kept[t], tags[t]))
+                if t == step.task:
+                    waiting[t] = {item.use for item in kept[t]}
+                    sources[t] = step.src
             else:
                 steps.append(step)
+        steps += [Recv(t, sources[t], kept[t], tags[t]) for t in waiting]
         fused.append(RankProgram(program.rank, program.world, program.records, program.inputs, steps, program.carry,
                                  program.outputs, program.groups))
     return fused if deadlock_free(fused) else programs
+
+
+def _reads(step, uses: set[int]) -> bool:
+    """Whether instruction ``step`` reads what arrived for one of ``uses``."""
+    if isinstance(step, Compute):
+        return any(read.use in uses for read in step.reads.values())
+    if isinstance(step, Alias):
+        return any(use in uses for use, _ in step.items)
+    if isinstance(step, Local):
+        return any(item.use in uses for item in step.send)
+    if isinstance(step, Send):
+        return any(item.kind == "sum" and item.use in uses for item in step.items)
+    return False
 
 
 def deadlock_free(programs: list[RankProgram]) -> bool:

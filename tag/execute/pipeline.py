@@ -332,7 +332,7 @@ def fold_slots(virtual: list[RankProgram], compiled: CompiledPlan, slots: list[S
     computed: set[tuple[int, int]] = set()
     reduced: set[tuple[int, int]] = set()
     delivered: dict[tuple, int] = {}
-    keys: dict[int, tuple] = {}  # transfer task -> (phase, micro-batch): its message (fuse_transfers)
+    keys: dict[int, tuple] = {}  # transfer task -> (src, dst, phase, micro-batch): its message (fuse_transfers)
     role = compiled.group_graph.op_graph.role
     for _, v, _, step in timeline:
         rank, m = slots[v].rank, slots[v].slot
@@ -348,7 +348,9 @@ def fold_slots(virtual: list[RankProgram], compiled: CompiledPlan, slots: list[S
             ranks[rank].steps.append(Compute(vop, step.batch, reads, step.scale_out))
         elif isinstance(step, Send):  # both ends at once: the Recv of the same task is left out below
             _fold_transfer(step, rank, m, slots[step.dst], ids, ranks, delivered)
-            keys[step.task] = (max(_PHASE[int(role[item.op])] for item in step.items), slots[step.dst].slot)
+            per_slot = any(item.op in ids.per_slot for item in step.items)
+            keys[step.task] = (rank, slots[step.dst].rank, max(_PHASE[int(role[item.op])] for item in step.items),
+                               m if per_slot else None)
         elif isinstance(step, Reduce) and (step.task, rank) not in reduced:
             reduced.add((step.task, rank))
             ranks[rank].steps.append(_fold_reduce(step, rank, slots, ids))
@@ -356,7 +358,24 @@ def fold_slots(virtual: list[RankProgram], compiled: CompiledPlan, slots: list[S
     groups = sorted({s.members for r in ranks for s in r.steps if isinstance(s, Reduce) and len(s.members) > 1})
     for r in ranks:
         r.groups = groups
-    return fuse_transfers(ranks, keys) if fuse else ranks
+    return fuse_transfers(ranks, _whole_batch_keys(keys)) if fuse else ranks
+
+
+def _whole_batch_keys(keys: dict[int, tuple]) -> dict[int, tuple]:
+    """Message keys (src, dst, phase, micro-batch) in which a value computed once for the whole batch (a
+    tied weight, a mask, an optimizer state) goes with the next micro-batch's message of its phase that
+    its rank sends that peer (it is ready before it), or the last one where none follows."""
+    out = dict(keys)
+    runs: dict[tuple, list[int]] = {}
+    for task, key in keys.items():  # tasks in the global order
+        runs.setdefault(key[:3], []).append(task)
+    for run in runs.values():
+        for k, task in enumerate(run):
+            if keys[task][3] is None:
+                later = [keys[t] for t in run[k:] if keys[t][3] is not None]
+                earlier = [keys[t] for t in run[:k] if keys[t][3] is not None]
+                out[task] = later[0] if later else earlier[-1] if earlier else keys[task]
+    return out
 
 
 def _fold_transfer(step: Send, rank: int, m: int, to: Slot, ids: _Ids, ranks: list[RankProgram],
