@@ -181,9 +181,10 @@ def test_on_random_small_instances_bounds_hold_and_no_family_beats_the_choice(se
 
 
 def test_a_small_budget_is_shared_and_honoured():
-    """--time 3 s: each budgeted family gets a share of what is left, the pipeline searches stop at theirs,
-    every family reports its planning time, and the whole call ends within twice the budget and a second
-    (what the placement search runs around its search is not budgeted; a loaded machine)."""
+    """--time 3 s: each budgeted family gets a share of what is left, every budgeted family (the placement
+    planner with its SFB and final pass included) stops within half a second of its share, every family
+    reports its planning time, and the whole call ends within the budget and half a second (a loaded
+    machine)."""
     import time
 
     from tag.graph.resolve import resolve_model
@@ -196,8 +197,8 @@ def test_a_small_budget_is_shared_and_honoured():
     assert all(0 < share <= 3.0 for share in found.shares_s.values())
     times = found.family_times()
     assert set(times) == set(FAMILIES)
-    for family in ("pipeline", "graph-pipeline"):  # their searches stop at their share
+    for family in ("pipeline", "graph-pipeline", "placement"):
         assert times[family] <= found.shares_s[family] + 0.5
-    assert wall <= 2 * 3.0 + 1.0
+    assert wall <= 3.0 + 0.5
     payload = found.as_dict()
     assert payload["time_limit_s"] == 3.0 and set(payload["family_planning_time_s"]) == set(FAMILIES)
