@@ -254,6 +254,17 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
         if baseline.strategy is not None and baseline.strategy != search.best:
             starts.append((baseline.strategy, baseline.iteration_time_s if not baseline.oom else float("inf"), name))
     starts += [(seed, float("inf"), "staged") for seed in seeds if seed != search.best]
+    finished, skipped = _finish(group_graph, starts, cluster, config, timings)
+    _, strategy, selection, compiled, result, fusion, origin = finished
+    return PlanOutcome(graph, group_graph, cluster, strategy, compiled, result, search, baselines, selection, timings,
+                       fusion, origin, tuple(skipped))
+
+
+def _finish(group_graph: GroupGraph, starts: list[tuple[Strategy, float, str]], cluster: Cluster,
+            config: PlanConfig, timings: dict[str, float]) -> tuple[tuple, list[str]]:
+    """The final pass over ``starts`` (strategy, its simulated time without SFB, origin): SFB where it helps
+    and the deadline allows, then :func:`_final_plan`; the fastest finished plan and the origins the deadline
+    left out (module docstring). Adds the "sfb" and "final" phases to ``timings``."""
     cache = SFBCache()
     finished = None
     skipped: list[str] = []
@@ -278,10 +289,7 @@ def plan_training(graph: OpGraph, cluster: Cluster, *, config: PlanConfig = Plan
         if finished is None or key < finished[0]:
             finished = (key, strategy, selection, compiled, result, fusion, origin)
     timings["sfb"], timings["final"] = sfb_s, final_s
-    _, strategy, selection, compiled, result, fusion, origin = finished
-    return PlanOutcome(graph, group_graph, cluster, strategy, compiled, result, search, baselines, selection, timings,
-                       fusion, origin, tuple(skipped))
-
+    return finished, skipped
 
 def _final_plan(group_graph: GroupGraph, strategy: Strategy, cluster: Cluster, config: PlanConfig
                 ) -> tuple[CompiledPlan, SimulationResult, float | None]:
