@@ -76,7 +76,7 @@ def run(args: argparse.Namespace) -> dict:
     cost = profile_cost(args)
     graph = resolve_model(args.model, batch_size=args.batch_size, tiny=args.tiny)
     if args.family == "placement":
-        return _placement(args, graph, cluster, cost)
+        return _placement(args, graph, cluster, cost, started)
     return _families(args, graph, cluster, cost, started)
 
 
@@ -112,7 +112,7 @@ def _families(args: argparse.Namespace, graph, cluster, cost, started: float) ->
     return payload
 
 
-def _placement(args: argparse.Namespace, graph, cluster, cost) -> dict:
+def _placement(args: argparse.Namespace, graph, cluster, cost, started: float) -> dict:
     """``--family placement``: TAG's search (GNN priors + MCTS, or MCMC), SFB, and its own report."""
     from tag.cli.progress import progress_callback, search_progress
     from tag.planner import load_priors, plan_training
@@ -122,7 +122,10 @@ def _placement(args: argparse.Namespace, graph, cluster, cost) -> dict:
     evaluator, batch_evaluator, priors = load_priors(None if args.uniform else (args.policy or shipped_policy()))
     with search_progress(sys.stderr.isatty()) as bar:
         callback = progress_callback(bar, f"{args.search} on {graph.meta.get('model', args.model)}")
-        outcome = plan_training(graph, cluster, config=_config(args, time_limit_s=args.time), evaluator=evaluator,
+        # --time bounds the whole call (SFB selection and the final pass too), not the search alone
+        deadline = None if args.time is None else started + args.time
+        outcome = plan_training(graph, cluster, config=_config(args, time_limit_s=args.time, deadline=deadline),
+                                evaluator=evaluator,
                                 batch_evaluator=batch_evaluator, batch_size=8 if batch_evaluator is not None else 1,
                                 progress=callback, cost=cost)
     payload = {**outcome.summary(), "priors": priors}
