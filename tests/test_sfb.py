@@ -257,6 +257,23 @@ def test_cache_is_keyed_by_signature_replicas_and_bandwidth():
         first.duplicated[0] = False  # shared through the cache: read-only
 
 
+def test_cache_keeps_only_proven_decisions(monkeypatch):
+    # A solve cut short by its time limit (a deadline's) must not answer a later call with more time.
+    import tag.sfb.program as program
+
+    args = ([1e-6, 1e-6], [1, EXTERNAL], [0, 1], [4e6, 1e4], 64e6, 2, 1e9)
+    proven = solve_sfb(*args, method="cbc")
+    assert proven.optimal
+    cut_short = proven._replace(status="time_limit")
+    cache = SFBCache()
+    with monkeypatch.context() as patch:
+        patch.setattr(program, "_solve", lambda *a: cut_short)
+        assert solve_sfb(*args, cache=cache, method="cbc", time_limit=1e-3) is cut_short
+    assert len(cache) == 0
+    again = solve_sfb(*args, cache=cache, method="cbc", time_limit=60)
+    assert again.optimal and len(cache) == 1 and solve_sfb(*args, cache=cache) is again
+
+
 @pytest.mark.parametrize("bad, match", [
     (dict(num_replicas=1), "num_replicas"),
     (dict(bandwidth=0.0), "bandwidth"),

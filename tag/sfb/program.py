@@ -185,7 +185,8 @@ def solve_sfb(op_time: Any, edge_src: Any, edge_dst: Any, edge_bytes: Any, gradi
     (default the ring all-reduce 2(D−1)/D · L_gl/τ). ``method``: ``"cbc"``, ``"exhaustive"`` (|V| ≤
     :data:`MAX_EXHAUSTIVE_OPS`) or ``"auto"`` (exhaustive up to :data:`AUTO_EXHAUSTIVE_OPS` ops).
     ``time_limit``: CBC's, in seconds. ``solver``: a pulp solver to run instead of CBC with that limit.
-    ``cache``: reuse and store decisions by (signature, D, τ). SFBError names a malformed argument.
+    ``cache``: reuse and store proven-optimal decisions by (signature, D, τ). SFBError names a malformed
+    argument.
     """
     if method not in METHODS:
         raise SFBError(f"method must be one of {', '.join(map(repr, METHODS))}, got {method!r}")
@@ -199,7 +200,7 @@ def solve_sfb(op_time: Any, edge_src: Any, edge_dst: Any, edge_bytes: Any, gradi
         if cached is not None:
             return cached
     decision = _solve(problem, method, time_limit, solver)
-    if cache is not None:
+    if cache is not None and decision.optimal:  # a time-limited incumbent must not answer a later, longer call
         cache.put(key, decision)
     return decision
 
