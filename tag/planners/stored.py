@@ -45,7 +45,8 @@ def compile_placement_plan(plan, graph: OpGraph, cluster: Cluster, *, granularit
     if sfb_groups:
         from tag.sfb import apply_sfb
 
-        group_graph = apply_sfb(group_graph, plan.strategy, cluster).restricted(sfb_groups).rewritten_group_graph()
+        sfb = apply_sfb(group_graph, plan.strategy, cluster, cost=cost)  # the op times the plan was made with
+        group_graph = sfb.restricted(sfb_groups).rewritten_group_graph()
     compiled = compile_strategy(group_graph, plan.strategy, cluster, granularity=granularity,
                                 fusion_bytes=plan.summary.get("fusion_bytes"), cost=cost)
     return compiled, group_graph
