@@ -265,8 +265,8 @@ def part_f(runner: Runner, models: list[str], families: list[str], topologies: i
 
 def family_summary(rows: dict[str, Any]) -> dict[str, Any]:
     """The issue's figures over families, on the beatable instances: pure / GNN iterations to beat DP-NCCL as
-    part (a) takes it (the ratio of the family means averaged over families) and as the mean of the
-    per-family ratios; and the worst GNN / pure final speed-up of any family."""
+    part (a) takes it (the mean over families of pure MCTS's means over the mean of the GNN's) and as the
+    mean of the per-family ratios; and the worst GNN / pure final speed-up of any family."""
     means, ratios, worst = [], [], None
     for row in rows.values():
         beatable = row.get("beatable")
