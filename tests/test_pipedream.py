@@ -271,6 +271,12 @@ def test_partitioned_file_loads_as_the_same_graph_as_its_plain_profile(tmp_path)
     ({"node4": "2", "node5": "2", "node6": "3"}, None, "stage 1 holds no layer"),
     ({"node3": "1", "node4": "0"}, 9, "edge node3 -- node4 goes from stage 1 back to stage 0"),
     ({"node2": "x"}, 2, "stage_id: cannot parse 'x'"),
+    ({"node2": "\u00b2"}, 2, "stage_id: cannot parse '\u00b2'"),  # '²'.isdigit() is True, int('²') fails
+    ({"node2": "\u0663"}, 2, "stage_id: cannot parse '\u0663'"),  # Arabic-Indic 3: int() would read 3
+    ({"node2": ""}, 2, "stage_id: cannot parse ''"),
+    ({"node5": "6"}, 5, "node node5: stage_id 6 is out of range (6 node lines make at most 6 stages"),
+    ({"node6": "99999999999999999999999"}, 6, "stage_id 99999999999999999999999 is out of range"),
+    ({"node6": "9" * 5000}, 6, "is out of range"),  # past int()'s 4300-digit limit
 ])
 def test_bad_stage_ids_are_one_profile_error(tmp_path, stages, line, message):
     from tag.graph.pipedream import pipedream_stages
@@ -279,6 +285,46 @@ def test_bad_stage_ids_are_one_profile_error(tmp_path, stages, line, message):
     with pytest.raises(ProfileError, match=re.escape(message)) as error:
         pipedream_stages(path)
     assert str(error.value).startswith(f"{path}:{line}:" if line else f"{path}:")
+    assert len(str(error.value)) < 400
+
+
+def test_a_huge_stage_id_is_refused_without_a_huge_set(tmp_path):
+    """An id just under the parse-time cap used to build set(range(id + 1)) to find the missing stage;
+    now it is refused against the line count, and a real gap is found without any range set."""
+    import tracemalloc
+
+    from tag.graph.pipedream import pipedream_stages
+
+    def peak(stages: dict[str, str]) -> int:
+        path = _write(tmp_path, _restaged(TINY_PARTITIONED.read_text(), stages))
+        tracemalloc.start()
+        try:
+            with pytest.raises(ProfileError, match=r"is out of range|holds no layer"):
+                pipedream_stages(path)
+            return tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+
+    # the baseline holds read_input's read buffer, which a valid file allocates too
+    baseline = peak({"node4": "2", "node5": "2", "node6": "3"})  # stage 1 missing
+    assert peak({"node6": "9" * 18}) < baseline + 1_000_000
+    assert peak({"node6": "99999999999999999999999"}) < baseline + 1_000_000
+
+
+@pytest.mark.parametrize("stage_id, message", [
+    ("99999999999999999999999", "stage_id 99999999999999999999999 is out of range"),
+    ("\u00b2", "stage_id: cannot parse '\u00b2'"),
+    ("\u0663", "stage_id: cannot parse '\u0663'"),
+    ("7", "node node6: stage_id 7 is out of range"),
+])
+def test_simulate_refuses_a_bad_stage_id_in_one_line(tmp_path, capsys, stage_id, message):
+    from conftest import run
+
+    lab = str(Path(__file__).resolve().parent / "data" / "clusters" / "lab.yaml")
+    path = _write(tmp_path, _restaged(TINY_PARTITIONED.read_text(), {"node6": stage_id}), "bad.graph.txt")
+    code, _, err = run(capsys, "simulate", str(path), "--cluster", lab)
+    assert code == 2 and err.strip().count("\n") == 0 and err.startswith("tag: error:"), err
+    assert message in err and "Traceback" not in err
 
 
 def test_simulate_scores_the_partition_by_hand(tmp_path, capsys):

@@ -129,6 +129,8 @@ _LEAF_PATTERN = re.compile(r"\b(LSTM|GRU|Linear|Conv2d|Embedding)\(")
 _INPUT_KIND = re.compile(r"^Input\d*$")
 _IDENTIFIER = re.compile(r"^[A-Za-z_][\w.\-]*$")
 _STAGE_FIELD = re.compile(r"^stage_id=(\S*)$")  # the optimizer's partitioned files end node lines with it
+_STAGE_NUMBER = re.compile(r"[0-9]+")
+_STAGE_DIGITS = 18  # longer ids are refused at parse time; pipedream_stages bounds the rest by the line count
 
 
 class PipeDreamLayer(NamedTuple):
@@ -210,9 +212,13 @@ def _parse_node_line(raw: str, number: int, path: Path) -> PipeDreamLayer:
     tail = text.rfind(_SEPARATOR)
     found = _STAGE_FIELD.match(text[tail + len(_SEPARATOR):].strip()) if tail >= 0 else None
     if found:
-        if not found.group(1).isdigit():
-            raise ProfileError(f"{path}:{number}: stage_id: cannot parse {found.group(1)!r} as a stage number")
-        stage, text = int(found.group(1)), text[:tail]
+        digits = found.group(1)
+        if not _STAGE_NUMBER.fullmatch(digits):  # ASCII only: str.isdigit() also takes '²' and '٣'
+            raise ProfileError(f"{path}:{number}: stage_id: cannot parse {_clip(digits, 40)!r} as a stage number")
+        if len(digits.lstrip("0")) > _STAGE_DIGITS:  # int() of thousands of digits is slow, then refused
+            raise ProfileError(f"{path}:{number}: stage_id {_clip(digits, 40)} is out of range "
+                               "(a stage number is below the number of node lines)")
+        stage, text = int(digits), text[:tail]
     first = text.find(_SEPARATOR)
     last = text.rfind(_SEPARATOR)
     if first < 0 or last == first:
@@ -265,10 +271,14 @@ def pipedream_stages(path: str | Path) -> dict[str, int] | None:
         bare = next(layer for layer in layers if layer.stage is None)
         raise ProfileError(f"{path}:{bare.line}: node {bare.node} has no stage_id, while {len(staged)} of "
                            f"{len(layers)} node lines have one (a partitioned file gives every node its stage)")
+    for layer in layers:
+        if layer.stage >= len(layers):
+            raise ProfileError(f"{path}:{layer.line}: node {layer.node}: stage_id {layer.stage} is out of range "
+                               f"({len(layers)} node lines make at most {len(layers)} stages, ids 0..{len(layers) - 1})")
     stage = {layer.node: int(layer.stage) for layer in layers}
     used = sorted(set(stage.values()))
     if used != list(range(len(used))):
-        missing = min(set(range(used[-1] + 1)) - set(used))
+        missing = next(i for i, s in enumerate(used) if s != i)  # the first gap; no set of range(max id)
         raise ProfileError(f"{path}: stage ids must be 0..S-1 with every stage used; stage {missing} holds no "
                            f"layer (ids used: {', '.join(map(str, used))})")
     for src, dst, number in edges:
