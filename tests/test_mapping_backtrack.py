@@ -56,6 +56,33 @@ def test_backtracking_finds_a_map_within_the_optimum_and_proves_none_below(seed,
         assert below.exhausted and (below.devices is None or below.time >= optimum * (1 - 1e-12))
 
 
+@pytest.mark.parametrize("seed", range(4))
+@pytest.mark.parametrize("order", ["dfs", "lds"])
+def test_a_search_cut_short_by_its_dives_never_claims_exhaustion(seed, order):
+    """A few dives (1, 2, 3, 5) under bounds at, just above and just below the brute-force optimum:
+    ``exhausted`` only when the bound is below the optimum (no map within it) and the same search with
+    unlimited dives also ends exhausted after no more dives than the budget."""
+    for problem, mode, policy_seed in _small_problems(5, seed):
+        optimum = brute_force(problem, mode)
+        decoder, env = _search(problem, mode, policy_seed)
+        evaluate = lambda devices: env.evaluate(tuple(devices)).time  # noqa: E731
+        search = backtrack if order == "dfs" else (
+            lambda *args, **kw: limited_discrepancy(*args, width=problem.num_devices, **kw))
+        for bound in (optimum * (1 - 1e-6), optimum * (1 + 1e-9), optimum * 1.5):
+            full = search(decoder, bound, evaluate, dives=10 ** 6)
+            for dives in (1, 2, 3, 5):
+                cut = search(decoder, bound, evaluate, dives=dives)
+                assert cut.dives <= dives
+                if cut.exhausted:
+                    assert bound < optimum and (cut.devices is None or cut.time > bound)
+                    assert full.exhausted and full.dives <= dives, (dives, full.dives)
+                if bound >= optimum:
+                    assert not cut.exhausted
+    # a deadline already past stops before any dive: nothing tried, nothing proved
+    result = limited_discrepancy(decoder, optimum * (1 - 1e-6), evaluate, dives=10 ** 6, deadline=0.0)
+    assert result.dives == 0 and not result.exhausted
+
+
 def test_limited_discrepancy_tries_one_discrepancy_before_two():
     """Below the optimum (nothing to find), the search dives from the empty prefix for zero
     discrepancies, then again and from each slot of that dive with its next device (width 2: one per

@@ -241,10 +241,17 @@ def limited_discrepancy(decoder: MappingDecoder, bound: float, evaluate: Callabl
     as late ones. Once every path within the width is tried (the devices left out of it were the only
     choices: a ring's first replica may need a device ranked lower), the width doubles and the search
     starts over. Returns the first map within the bound, else the fastest complete map met;
-    ``exhausted`` when every path was tried with no device left out."""
+    ``exhausted`` when every path was tried with no device left out (never when the dives or the deadline
+    stopped the search first)."""
     _check_width(width)
     regions = RingRegions(decoder, bound)
-    state = {"dives": 0, "best": None, "time": math.inf, "pruned": False, "deeper": False}
+    state = {"dives": 0, "best": None, "time": math.inf, "pruned": False, "deeper": False, "cut": False}
+
+    def spent() -> bool:
+        """The dive budget or the deadline is used up; remembered, since a search cut short proves nothing."""
+        if state["dives"] >= dives or time.perf_counter() >= deadline:
+            state["cut"] = True
+        return state["cut"]
 
     def dive(prefix: list[int]) -> tuple[list[int], int] | None:
         """The dive's devices and where it stopped (len when complete and over the bound); None once a map
@@ -263,7 +270,7 @@ def limited_discrepancy(decoder: MappingDecoder, bound: float, evaluate: Callabl
 
     def search(prefix: list[int], left: int) -> bool:
         """Paths from ``prefix`` with exactly ``left`` more discrepancies; True once one meets the bound."""
-        if state["dives"] >= dives or time.perf_counter() >= deadline:
+        if spent():
             return False
         result = dive(prefix)
         if result is None:
@@ -279,15 +286,17 @@ def limited_discrepancy(decoder: MappingDecoder, bound: float, evaluate: Callabl
             for device in ranking:
                 if search(out[:slot] + [device], left - 1):
                     return True
-                if state["dives"] >= dives or time.perf_counter() >= deadline:
+                if spent():
                     return False
         return False
 
     discrepancies = 0
-    while state["dives"] < dives and time.perf_counter() < deadline:
+    while not spent():
         state["deeper"] = False
         if search([], discrepancies):
             return BacktrackResult(state["best"], state["time"], False, state["dives"])
+        if state["cut"]:  # stopped partway through this pass: the untried paths may hold a map
+            break
         if state["deeper"]:
             discrepancies += 1
         elif not state["pruned"]:  # no path had a choice left to vary: every path was tried
