@@ -20,7 +20,7 @@ Reports the median gap per device count over every family (with the median times
 settings' median gap per family and device count (families the mapper was not trained on,
 tag.training.mapper.HELD_OUT, marked), and the exact mapper's median time over each learned setting's at
 64 devices, pooled over families and topology seeds (``--ratio-seeds`` adds seeds run at 64 devices
-only). Writes a markdown report and two plots (median gap and median time against devices) and prints
+only; their rows join the 64-device rows of the gap tables too). Writes a markdown report and two plots (median gap and median time against devices) and prints
 the tables; the last line of stdout is one JSON object of every figure. Every mapper runs once untimed
 on a small problem first, so that loading numba's compiled kernels is not part of any instance's time.
 
@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 import time
 from collections import defaultdict
@@ -262,7 +263,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--topology-seeds", type=int, nargs="+", default=[0],
                         help="seeds of the families' topologies (the mapper trained on seeds >= 1000)")
     parser.add_argument("--ratio-seeds", type=int, nargs="*", default=[],
-                        help=f"further topology seeds run at {RATIO_DEVICES} devices only, for the time ratio")
+                        help=f"further topology seeds run at {RATIO_DEVICES} devices only: their rows join the "
+                             f"{RATIO_DEVICES}-device rows of the gap tables and the time ratio")
     parser.add_argument("--policy", type=Path, help="mapping GNN checkpoint (default: checkpoints/tag-mapper.pt)")
     parser.add_argument("--candidate", type=Path, help="a second checkpoint, compared on the same instances")
     parser.add_argument("--out", type=Path, default=Path("docs/compare_mappers"), help="report path prefix")
@@ -270,13 +272,34 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main() -> int:
-    parser = _parser()
-    args = parser.parse_args()
+def _argument_error(args: argparse.Namespace) -> str | None:
+    """What is wrong with the command line's numbers, None when nothing is."""
+    if min(args.stages) < 1:
+        return f"every depth (--stages) must be at least 1, got {min(args.stages)}"
     bad = [d for d in args.devices if d < 2 or any(s > d for s in args.stages)]
-    if bad or min(args.stages) < 1 or args.time_limit <= 0 or args.backtrack_dives < 0:
-        print(f"tag: error: every device count must be at least 2 and at least every depth ({args.stages}), "
-              "the time limit positive and the dives non-negative", file=sys.stderr)
+    if bad:
+        return f"every device count must be at least 2 and at least every depth ({args.stages}), got {bad[0]}"
+    if not (math.isfinite(args.time_limit) and args.time_limit > 0):
+        return f"--time-limit must be a positive number of seconds, got {args.time_limit}"
+    if args.mcts_iterations < 1:
+        return f"--mcts-iterations must be at least 1, got {args.mcts_iterations}"
+    for flag, value in (("--learned-iterations", args.learned_iterations),
+                        ("--learned-discrepancies", args.learned_discrepancies),
+                        ("--backtrack-dives", args.backtrack_dives)):
+        if value is not None and value < 0:
+            return f"{flag} must be non-negative, got {value}"
+    seeds = [s for s in args.topology_seeds + args.ratio_seeds if s < 0]
+    if seeds:
+        return f"topology seeds must be non-negative, got {seeds[0]}"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    args = parser.parse_args(argv)
+    problem = _argument_error(args)
+    if problem:
+        print(f"tag: error: {problem}", file=sys.stderr)
         return 2
     torch.set_num_threads(1)  # one core per mapper, as for the exact solver
     policy = resolve_mapping_policy(args.policy)

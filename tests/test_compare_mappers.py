@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from tag.policy.mapping import resolve_mapping_policy
 
@@ -95,3 +96,32 @@ def test_bad_arguments_are_one_error_line_and_exit_2(tmp_path):
     done = subprocess.run([sys.executable, str(SCRIPT), "--devices", "4", "--stages", "8", "--out",
                            str(tmp_path / "r"), "--json"], capture_output=True, text=True, cwd=ROOT)
     assert done.returncode == 2 and done.stderr.startswith("tag: error:") and len(done.stderr.splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--mcts-iterations", "-1"], "--mcts-iterations must be at least 1, got -1"),
+    (["--mcts-iterations", "0"], "--mcts-iterations must be at least 1, got 0"),
+    (["--learned-iterations", "-1"], "--learned-iterations must be non-negative, got -1"),
+    (["--learned-discrepancies", "-2"], "--learned-discrepancies must be non-negative, got -2"),
+    (["--backtrack-dives", "-1"], "--backtrack-dives must be non-negative, got -1"),
+    (["--time-limit", "0"], "--time-limit must be a positive number of seconds, got 0.0"),
+    (["--time-limit", "nan"], "--time-limit must be a positive number of seconds, got nan"),
+    (["--time-limit", "inf"], "--time-limit must be a positive number of seconds, got inf"),
+    (["--devices", "1"], "every device count must be at least 2 and at least every depth ([4, 8]), got 1"),
+    (["--devices", "16", "-4"], "every device count must be at least 2 and at least every depth ([4, 8]), got -4"),
+    (["--stages", "0"], "every depth (--stages) must be at least 1, got 0"),
+    (["--topology-seeds", "-1"], "topology seeds must be non-negative, got -1"),
+    (["--ratio-seeds", "1", "-3"], "topology seeds must be non-negative, got -3"),
+])
+def test_each_bad_number_is_named_in_one_error_line(tmp_path, capsys, argv, message):
+    """Checked in main() before any policy is loaded or any instance run (these used to be tracebacks
+    from deep inside a mapper)."""
+    assert compare.main([*argv, "--out", str(tmp_path / "r"), "--json"]) == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and captured.err == f"tag: error: {message}\n"
+    assert not (tmp_path / "r.md").exists()
+
+
+def test_the_ratio_seeds_help_says_they_join_the_gap_tables():
+    text = " ".join(compare._parser().format_help().split())
+    assert "--ratio-seeds" in text and "join the 64-device rows of the gap tables and the time ratio" in text
