@@ -461,3 +461,21 @@ def test_gpu_type_validation(kwargs, message):
     fields = dict(name="custom", memory_bytes=1e9, memory_bandwidth=1e11, peak_flops=(("fp32", 1e12),))
     with pytest.raises(ClusterError, match=message):
         GPUType(**{**fields, **kwargs})
+
+
+def test_a_profile_without_a_point_to_point_curve_names_a_flag_tag_profile_has(capsys):
+    """The advice names `tag profile`'s real switch: measuring is the default, --no-comm skips it."""
+    from types import SimpleNamespace
+
+    from conftest import run
+
+    from tag.cluster.presets import local_cluster
+    from tag.errors import SpecError
+
+    profile = SimpleNamespace(devices={"a100-40gb": SimpleNamespace(comm={})})
+    with pytest.raises(SpecError, match=r"measured: none\); run `tag profile` on this host without --no-comm$"):
+        local_cluster(2, profile=profile)
+    with pytest.raises(SystemExit):
+        run(capsys, "profile", "--help")
+    options = capsys.readouterr().out
+    assert "--no-comm" in options and "--comm " not in options.replace("--no-comm", "")

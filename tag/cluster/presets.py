@@ -145,7 +145,7 @@ def _profile_curve(profile: Any, gpu: str, kind: str, *, required: bool = True):
         return None
     measured = ", ".join(curves) or "none"
     raise SpecError(f"cluster preset local: the profile has no point-to-point measurement for {gpu!r} "
-                    f"(measured: {measured}); run `tag profile` with --comm on this host")
+                    f"(measured: {measured}); run `tag profile` on this host without --no-comm")
 
 
 # --------------------------------------------------------------------------------------- registry
