@@ -492,9 +492,10 @@ def test_numba_without_a_writable_cache_compiles_each_run(monkeypatch):
 
 
 def test_pipedream_field_tag_does_not_read(capfd, tmp_path):
+    # PipeDream's partitioned files end node lines with ' -- stage_id=N' (read); any other trailing field is refused
     line = ("node1 -- Input0 -- forward_compute_time=0.1, backward_compute_time=0.1, activation_size=4.0, "
-            "parameter_size=0.0 -- stage_id=0\n")
-    assert_one_line(capfd, ["show", write(tmp_path / "p.graph.txt", line)], "p.graph.txt:1", "unknown field 'stage_id'")
+            "parameter_size=0.0 -- colour=0\n")
+    assert_one_line(capfd, ["show", write(tmp_path / "p.graph.txt", line)], "p.graph.txt:1", "unknown field 'colour'")
 
 
 def test_train_clears_writes_a_kill_cut_short(capfd, tmp_path):
