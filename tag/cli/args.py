@@ -159,6 +159,11 @@ def write_views(args: argparse.Namespace, result, taskgraph, title: str) -> dict
     return written
 
 
+def plan_files(args: argparse.Namespace, result, taskgraph, title: str) -> dict:
+    """A planning command's "files": the plan file of --out (the caller writes it) and the views it wrote."""
+    return {**({"plan": args.out} if args.out else {}), **write_views(args, result, taskgraph, title)}
+
+
 # ------------------------------------------------------------------------------------ resolved values
 def profile_cost(args: argparse.Namespace):
     """The cost model of ``--profile`` (None: the roofline's default)."""

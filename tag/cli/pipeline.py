@@ -7,7 +7,7 @@ import argparse
 
 from tag.cli.args import (add_cluster, add_json, add_mapper_policy, add_model, add_profile, add_views,
                           check_view_paths, micro_batches, named, output_path, positive_int, positive_seconds,
-                          profile_cost, seed, write_output, write_views)
+                          plan_files, profile_cost, seed, write_output)
 from tag.errors import OutputError
 
 __all__ = ["add_parser", "run"]
@@ -109,9 +109,8 @@ def _pipeline(args: argparse.Namespace, graph, cluster, cost) -> dict:
     payload["samples_per_s"] = graph.batch_size / plan.iteration_time if plan.iteration_time > 0 else None
     payload["stage_rows"] = _stage_rows(plan, cluster)
     _save(args, plan, graph, cluster, {k: v for k, v in payload.items() if k not in ("stage_rows", "mapping")})
-    files = write_views(args, plan.result, plan.taskgraph,
-                        f"{payload['model']} on {cluster.name}: pipeline {plan.stage_graph.num_stages} stages")
-    payload["files"] = {**({"plan": args.out} if args.out else {}), **files}
+    title = f"{payload['model']} on {cluster.name}: pipeline {plan.stage_graph.num_stages} stages"
+    payload["files"] = plan_files(args, plan.result, plan.taskgraph, title)
     if not args.json:
         from tag.cli.report import render_pipeline
 
@@ -130,9 +129,8 @@ def _graph_pipeline(args: argparse.Namespace, graph, cluster, cost) -> dict:
                "batch_size": graph.batch_size, **plan.as_dict()}
     payload["samples_per_s"] = graph.batch_size / plan.iteration_time if plan.iteration_time > 0 else None
     _save(args, plan, graph, cluster, {k: v for k, v in payload.items() if k != "mapping"})
-    payload["files"] = {**({"plan": args.out} if args.out else {}),
-                        **write_views(args, plan.result, plan.taskgraph,
-                                      f"{payload['model']} on {cluster.name}: graph pipeline {plan.num_stages} stages")}
+    payload["files"] = plan_files(args, plan.result, plan.taskgraph,
+                                  f"{payload['model']} on {cluster.name}: graph pipeline {plan.num_stages} stages")
     if not args.json:
         from tag.cli.report import render_graph_pipeline
 

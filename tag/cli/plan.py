@@ -13,8 +13,8 @@ import sys
 import time
 
 from tag.cli.args import (add_cluster, add_grouping, add_json, add_model, add_profile, add_views, check_view_paths,
-                          named, output_path, positive_int, positive_seconds, profile_cost, shipped_policy,
-                          write_output, write_views)
+                          named, output_path, plan_files, positive_int, positive_seconds, profile_cost, shipped_policy,
+                          write_output)
 
 __all__ = ["add_parser", "run", "FAMILY_CHOICES", "families_of"]
 
@@ -102,9 +102,8 @@ def _families(args: argparse.Namespace, graph, cluster, cost, started: float) ->
         summary = {k: v for k, v in payload.items() if k not in ("families", "candidates")}
         record = candidate_record(found.best, found.graph, found.cluster, summary)
         write_output(args, "--out", args.out, lambda path: save_record(record, path))
-    payload["files"] = {**({"plan": args.out} if args.out else {}),
-                        **write_views(args, result, taskgraph,
-                                      f"{payload['model']} on {cluster.name}: tag plan ({found.best.family})")}
+    payload["files"] = plan_files(args, result, taskgraph,
+                                  f"{payload['model']} on {cluster.name}: tag plan ({found.best.family})")
     if not args.json:
         from tag.cli.report import render_families
 
@@ -136,9 +135,8 @@ def _placement(args: argparse.Namespace, graph, cluster, cost, started: float) -
         plan = make_plan(outcome.strategy, graph, cluster, assignment=outcome.group_graph.assignment,
                          summary={k: v for k, v in payload.items() if k != "groups"})
         write_output(args, "--out", args.out, lambda path: save_plan(plan, path))
-    files = write_views(args, outcome.result, outcome.compiled.taskgraph,
-                        f"{payload['model']} on {cluster.name}: tag plan")
-    payload["files"] = {**({"plan": args.out} if args.out else {}), **files}
+    payload["files"] = plan_files(args, outcome.result, outcome.compiled.taskgraph,
+                                  f"{payload['model']} on {cluster.name}: tag plan")
     if not args.json:
         from tag.cli.report import render_placement
 
