@@ -30,6 +30,7 @@ from tag.cluster.build import INTRA_LATENCY_S, NETWORK_LATENCY_S, Link, Machine,
 from tag.cluster.cluster import Cluster
 from tag.cluster.generators import (TAG_RANDOM_GPUS, grid_cluster, random_blk_1, random_blk_2, random_node_sizes,
                                     tag_random, uniform_dist)
+from tag.cluster.presets import DGX1_NVLINK_DOUBLE, DGX1_NVLINK_SINGLE
 from tag.errors import ClusterError
 
 __all__ = ["FAMILIES", "HELD_OUT", "TRAIN_FAMILIES", "family_cluster", "squarest_grid"]
@@ -37,9 +38,6 @@ __all__ = ["FAMILIES", "HELD_OUT", "TRAIN_FAMILIES", "family_cluster", "squarest
 _GB = 1e9
 _GBPS = 1e9 / 8
 
-# DGX-1's hybrid cube-mesh (the dgx1x4 preset's link lists, repeated here to keep this module below presets).
-_DGX1_SINGLE = ((0, 1), (0, 2), (1, 3), (2, 6), (3, 7), (4, 5), (4, 6), (5, 7))
-_DGX1_DOUBLE = ((0, 3), (0, 4), (1, 2), (1, 5), (2, 3), (4, 7), (5, 6), (6, 7))
 _NVLINK_LANE = 21.4 * _GB  # one V100 NVLink lane, each direction (DGX-1)
 _PCIE = (8 * _GB, 12 * _GB)  # host PCIe between GPUs without a direct link
 _NETWORK_GBPS = (10.0, 100.0)  # Ethernet / InfiniBand between machines
@@ -68,8 +66,8 @@ def _nvlink_machine(m: int, base: int, rng: np.random.Generator) -> tuple[Machin
     pcie = float(rng.uniform(*_PCIE))
     kind = int(rng.integers(3))
     if kind == 0:
-        links = [Link(base + a, base + b, _NVLINK_LANE) for a, b in _DGX1_SINGLE]
-        links += [Link(base + a, base + b, 2 * _NVLINK_LANE) for a, b in _DGX1_DOUBLE]
+        links = [Link(base + a, base + b, _NVLINK_LANE) for a, b in DGX1_NVLINK_SINGLE]
+        links += [Link(base + a, base + b, 2 * _NVLINK_LANE) for a, b in DGX1_NVLINK_DOUBLE]
         return Machine("v100-32gb", 8, pcie), links
     if kind == 1:
         lanes = 2 * _NVLINK_LANE
